@@ -1,0 +1,243 @@
+"""Every exception gym_resilience raises, in one place.
+
+The tree::
+
+    GymResilienceError
+    ├── EnvError                        an environment failed or was misused
+    │   ├── EnvResetError               reset() raised
+    │   ├── EnvStepError                step() raised (turn index, short action repr)
+    │   ├── EnvCloseError               close() raised
+    │   ├── EnvClosedError              used after close: "you closed it", not "it broke"
+    │   └── EnvTimeoutError             reset()/step() ran past its deadline
+    ├── RolloutError                    one rollout failed (index, phase, turn, elapsed)
+    │   └── RolloutTimeoutError         one rollout ran past its deadline
+    ├── AllRolloutsFailedError          (also RuntimeError) every rollout of a batch failed
+    ├── FailureBudgetExceededError      more rollouts failed than max_failed_fraction allows
+    ├── UnsupportedConfigError          (also ValueError) a configuration that cannot work
+    ├── OutputValidationError           (also ValueError) a BatchOutput breaks the trainer's contract
+    └── ScenarioError                   (also ValueError) a chaos scenario file is invalid
+
+Context travels as keyword-only attributes and every error pickles with it, because errors cross
+process boundaries (isolated environments, served engines, the harness's journal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+Phase = Literal["reset", "generate", "step", "close"]
+
+__all__ = [
+    "AllRolloutsFailedError",
+    "EnvCloseError",
+    "EnvClosedError",
+    "EnvError",
+    "EnvResetError",
+    "EnvStepError",
+    "EnvTimeoutError",
+    "FailureBudgetExceededError",
+    "GymResilienceError",
+    "OutputValidationError",
+    "Phase",
+    "RolloutError",
+    "RolloutTimeoutError",
+    "ScenarioError",
+    "UnsupportedConfigError",
+]
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class GymResilienceError(Exception):
+    """Raised for any failure gym_resilience reports; catch it to handle them all.
+
+    Subclasses build their message from keyword-only context in ``__init__``; pickling restores the
+    message and the context without calling ``__init__`` again.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+class EnvError(GymResilienceError):
+    """Raised when an environment fails or is misused; ``env_id`` names it when it has a spec.
+
+    The original exception, if any, is ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, env_id: str | None = None) -> None:
+        self.env_id = env_id
+        where = f" [{env_id}]" if env_id else ""
+        super().__init__(f"{message}{where}")
+
+
+class EnvResetError(EnvError):
+    """Raised when ``reset()`` raised (after any retries); the env is closed unless opted out.
+
+    Check ``__cause__`` for the original failure; ``attempts`` says how many resets were tried.
+    """
+
+    def __init__(self, *, attempts: int = 1, env_id: str | None = None) -> None:
+        self.attempts = attempts
+        tries = "" if attempts == 1 else f" after {attempts} attempts"
+        super().__init__(f"env reset failed{tries}", env_id=env_id)
+
+
+class EnvStepError(EnvError):
+    """Raised when ``step()`` raised; the env is closed unless opted out.
+
+    ``turn`` is the 0-based index of the failing step since the last reset, ``action_repr`` a short
+    repr of the action. Steps are not retried: they are not idempotent.
+    """
+
+    def __init__(self, *, turn: int, action_repr: str, env_id: str | None = None) -> None:
+        self.turn = turn
+        self.action_repr = action_repr
+        super().__init__(f"env step failed at turn {turn} (action={action_repr})", env_id=env_id)
+
+
+class EnvCloseError(EnvError):
+    """Raised when the inner ``close()`` raised; the env still counts as closed.
+
+    While another exception propagates, a close failure is attached to it as a note instead.
+    """
+
+    def __init__(self, *, env_id: str | None = None) -> None:
+        super().__init__("env close failed", env_id=env_id)
+
+
+class EnvClosedError(EnvError):
+    """Raised when an env is used after it was closed: a caller bug, not an env failure.
+
+    Create a new env instead; ``operation`` names the call that was refused.
+    """
+
+    def __init__(self, *, operation: str, env_id: str | None = None) -> None:
+        self.operation = operation
+        super().__init__(f"cannot {operation}: the env is closed", env_id=env_id)
+
+
+class EnvTimeoutError(EnvError):
+    """Raised when ``reset()`` or ``step()`` ran past its deadline; the env was killed and is closed.
+
+    Raise the deadline or fix the env; the rollout cannot continue with this env.
+    """
+
+    def __init__(self, *, operation: str, timeout_s: float, env_id: str | None = None) -> None:
+        self.operation = operation
+        self.timeout_s = timeout_s
+        super().__init__(f"env {operation} exceeded its {timeout_s:g} s deadline", env_id=env_id)
+
+
+class RolloutError(GymResilienceError):
+    """Raised when one rollout of a batch failed; ``__cause__`` is what failed inside it.
+
+    ``phase`` is where (reset, generate, step, close), ``turn`` the agent turn (None before the first),
+    ``elapsed_s`` the rollout's measured time until the failure.
+    """
+
+    def __init__(
+        self, *, rollout_index: int, phase: Phase, turn: int | None, elapsed_s: float, detail: str = ""
+    ) -> None:
+        self.rollout_index = rollout_index
+        self.phase = phase
+        self.turn = turn
+        self.elapsed_s = elapsed_s
+        at_turn = "" if turn is None else f" at turn {turn}"
+        tail = f": {detail}" if detail else ""
+        super().__init__(
+            f"rollout {rollout_index} failed in {phase}{at_turn} after {elapsed_s:.3f} s{tail}"
+        )
+
+
+class RolloutTimeoutError(RolloutError):
+    """Raised when one rollout ran past its deadline; its env was closed and its generation aborted."""
+
+    def __init__(
+        self, *, rollout_index: int, phase: Phase, turn: int | None, elapsed_s: float, timeout_s: float
+    ) -> None:
+        self.timeout_s = timeout_s
+        super().__init__(
+            rollout_index=rollout_index,
+            phase=phase,
+            turn=turn,
+            elapsed_s=elapsed_s,
+            detail=f"exceeded its {timeout_s:g} s deadline",
+        )
+
+
+class AllRolloutsFailedError(GymResilienceError, RuntimeError):
+    """Raised when every rollout of a batch failed, even with ``skip_failed_rollouts``.
+
+    A step of only placeholders carries no training signal, and a systemic failure (engine down)
+    should surface. ``__cause__`` is the first failure; ``exceptions`` holds all of them.
+    """
+
+    def __init__(self, exceptions: Sequence[BaseException]) -> None:
+        self.exceptions = tuple(exceptions)
+        first = self.exceptions[0] if self.exceptions else None
+        first_text = f"; first: {type(first).__name__}: {first}" if first is not None else ""
+        super().__init__(f"all {len(self.exceptions)} rollouts failed{first_text}")
+
+
+class FailureBudgetExceededError(GymResilienceError):
+    """Raised when more rollouts failed than ``max_failed_fraction`` allows.
+
+    ``exceptions`` holds every failure; ``failed`` and ``total`` the counts. Fix the systemic cause,
+    or raise the budget if such failure rates are expected.
+    """
+
+    def __init__(self, exceptions: Sequence[BaseException], *, total: int, max_failed_fraction: float) -> None:
+        self.exceptions = tuple(exceptions)
+        self.failed = len(self.exceptions)
+        self.total = total
+        self.max_failed_fraction = max_failed_fraction
+        super().__init__(
+            f"{self.failed} of {total} rollouts failed, over the budget of {max_failed_fraction:.0%}"
+        )
+
+
+class UnsupportedConfigError(GymResilienceError, ValueError):
+    """Raised when a configuration cannot work as asked; ``option`` names the offending setting.
+
+    Change the configuration as the message says; nothing was run.
+    """
+
+    def __init__(self, message: str, *, option: str) -> None:
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+class OutputValidationError(GymResilienceError, ValueError):
+    """Raised when a ``BatchOutput`` breaks the contract a trainer relies on.
+
+    ``problems`` lists every problem found (each names the sample index and column), not just the first.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        listed = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(f"batch output is invalid ({len(self.problems)} problems):\n{listed}")
+
+
+class ScenarioError(GymResilienceError, ValueError):
+    """Raised when a chaos scenario file is invalid; nothing of it was run.
+
+    ``file`` names the file, ``field`` the path to the bad field (``faults[2].kind``), ``reason`` what was
+    expected; ``line`` is set when YAML itself failed to parse.
+    """
+
+    def __init__(self, *, file: str, field: str, reason: str, line: int | None = None) -> None:
+        self.file = file
+        self.field = field
+        self.reason = reason
+        self.line = line
+        where = f"{file}:{line}" if line is not None else file
+        at = f" at {field}" if field else ""
+        super().__init__(f"{where}{at}: {reason}")
