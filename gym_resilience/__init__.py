@@ -2,8 +2,8 @@
 
 from gym_resilience.errors import (
     AllRolloutsFailedError,
-    EnvCloseError,
     EnvClosedError,
+    EnvCloseError,
     EnvError,
     EnvResetError,
     EnvStepError,

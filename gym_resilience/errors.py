@@ -151,9 +151,7 @@ class RolloutError(GymResilienceError):
         self.elapsed_s = elapsed_s
         at_turn = "" if turn is None else f" at turn {turn}"
         tail = f": {detail}" if detail else ""
-        super().__init__(
-            f"rollout {rollout_index} failed in {phase}{at_turn} after {elapsed_s:.3f} s{tail}"
-        )
+        super().__init__(f"rollout {rollout_index} failed in {phase}{at_turn} after {elapsed_s:.3f} s{tail}")
 
 
 class RolloutTimeoutError(RolloutError):
@@ -193,7 +191,9 @@ class FailureBudgetExceededError(GymResilienceError):
     or raise the budget if such failure rates are expected.
     """
 
-    def __init__(self, exceptions: Sequence[BaseException], *, total: int, max_failed_fraction: float) -> None:
+    def __init__(
+        self, exceptions: Sequence[BaseException], *, total: int, max_failed_fraction: float
+    ) -> None:
         self.exceptions = tuple(exceptions)
         self.failed = len(self.exceptions)
         self.total = total

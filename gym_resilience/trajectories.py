@@ -129,20 +129,23 @@ def build_batch_output(
     """
     step_wise = any(isinstance(t, StepWiseTrajectory) for t in trajectories)
     rows = list(_rows(trajectories))
-    logprobs = [row.rollout_logprobs for row, _, _ in rows]
+    steps = [step for step, _, _ in rows]
+    logprobs = [step.rollout_logprobs for step in steps]
     times = [e2e for _, _, e2e in rows]
     return BatchOutput(
-        prompt_token_ids=[list(row.prompt_ids) for row, _, _ in rows],
-        response_ids=[list(row.response_ids) for row, _, _ in rows],
-        rewards=[row.reward if isinstance(row.reward, float | int) else list(row.reward) for row, _, _ in rows],
-        loss_masks=[list(row.loss_mask) for row, _, _ in rows],
-        stop_reasons=[row.stop_reason for row, _, _ in rows],
-        rollout_logprobs=(
-            None if all(lp is None for lp in logprobs) else [list(lp) if lp is not None else [] for lp in logprobs]
-        ),
-        trajectory_ids=[row.trajectory_id for row, _, _ in rows],
+        prompt_token_ids=[list(step.prompt_ids) for step in steps],
+        response_ids=[list(step.response_ids) for step in steps],
+        rewards=[_copy_reward(step.reward) for step in steps],
+        loss_masks=[list(step.loss_mask) for step in steps],
+        stop_reasons=[step.stop_reason for step in steps],
+        rollout_logprobs=None if all(lp is None for lp in logprobs) else [list(lp or []) for lp in logprobs],
+        trajectory_ids=[step.trajectory_id for step in steps],
         is_last_step=[last for _, last, _ in rows] if step_wise else None,
-        is_placeholder=[row.is_placeholder for row, _, _ in rows],
+        is_placeholder=[step.is_placeholder for step in steps],
         rollout_metrics=dict(rollout_metrics or {}),
-        trajectory_generation_times=None if any(t is None for t in times) else [float(t) for t in times if t is not None],
+        trajectory_generation_times=None if None in times else [float(t or 0.0) for t in times],
     )
+
+
+def _copy_reward(reward: float | list[float]) -> float | list[float]:
+    return list(reward) if isinstance(reward, list) else reward
