@@ -8,19 +8,21 @@ why every placeholder is a fresh object.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from gym_resilience.errors import Phase
 
 __all__ = [
     "ROLLOUT_ERROR_STOP_REASON",
+    "AnyTrajectory",
     "BatchOutput",
     "RolloutFailure",
     "StepWiseTrajectory",
     "Trajectory",
     "TrajectoryId",
     "build_batch_output",
+    "without_timings",
 ]
 
 ROLLOUT_ERROR_STOP_REASON: Final = "rollout_error"
@@ -149,3 +151,14 @@ def build_batch_output(
 
 def _copy_reward(reward: float | list[float]) -> float | list[float]:
     return list(reward) if isinstance(reward, list) else reward
+
+
+def without_timings(trajectory: AnyTrajectory) -> AnyTrajectory:
+    """A copy with the measured times cleared, to compare what two runs generated token for token."""
+    if isinstance(trajectory, StepWiseTrajectory):
+        return replace(
+            trajectory,
+            steps=[replace(s, e2e_time=None, time_splits=None) for s in trajectory.steps],
+            e2e_time=None,
+        )
+    return replace(trajectory, e2e_time=None, time_splits=None)

@@ -1,0 +1,304 @@
+"""One rollout: the multi-turn agent loop between an engine and a text env (DESIGN.md §3).
+
+The env is created, reset, stepped and closed in a thread pool (gymnasium envs are synchronous), one
+call at a time per env, and closed in ``finally`` on every exit path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import gymnasium
+
+from gym_resilience.config import RunnerConfig
+from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
+from gym_resilience.env import ResilientEnv
+from gym_resilience.errors import Phase, RolloutError
+from gym_resilience.tasks import ChatMessage, Task
+from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory, TrajectoryId
+
+__all__ = ["ChatCodec", "EnvFactory", "Progress", "run_agent_loop"]
+
+EnvFactory = Callable[[Task], gymnasium.Env[Any, Any]]
+"""``env_factory(task)`` builds the env of one rollout."""
+
+T = TypeVar("T")
+
+_BASE_CONVERSATION: list[ChatMessage] = [
+    {"role": "system", "content": "base"},
+    {"role": "user", "content": "base"},
+]
+
+
+def chat_ids(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], *, add_generation_prompt: bool
+) -> list[int]:
+    """Token ids of a chat through the tokenizer's template, whatever container it returns."""
+    ids = tokenizer.apply_chat_template(
+        list(messages), tokenize=True, add_generation_prompt=add_generation_prompt
+    )
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    return [int(token) for token in ids]  # type: ignore[attr-defined]
+
+
+class ChatCodec:
+    """Turns chat messages into token ids and generated ids into text, for one tokenizer.
+
+    Observations are encoded as a continuation of the conversation: the template applied to a fixed
+    base conversation plus the new messages, minus the base's own ids (the seed framework's method).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        if eos is None or pad is None:
+            raise ValueError("the tokenizer has no eos_token_id: cannot end turns or build placeholders")
+        self.eos_token_id: int = eos
+        self.pad_token_id: int = pad
+        self._base_ids = chat_ids(tokenizer, _BASE_CONVERSATION, add_generation_prompt=False)
+
+    def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return chat_ids(self.tokenizer, messages, add_generation_prompt=True)
+
+    def observation(self, messages: Sequence[ChatMessage]) -> list[int]:
+        ids = chat_ids(self.tokenizer, [*_BASE_CONVERSATION, *messages], add_generation_prompt=True)
+        if ids[: len(self._base_ids)] != self._base_ids:
+            raise ValueError("the chat template is not prefix-stable: cannot encode observations")
+        return ids[len(self._base_ids) :]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def as_messages(observation: object) -> list[ChatMessage]:
+    """An env's observation as chat messages: a string is one user message."""
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    if isinstance(observation, Mapping):
+        return [dict(observation)]
+    if isinstance(observation, Sequence) and all(isinstance(m, Mapping) for m in observation):
+        return [dict(m) for m in observation]
+    raise TypeError(
+        f"a text env must return chat messages or a string, got {type(observation).__name__}: "
+        f"{observation!r:.80}"
+    )
+
+
+@dataclass
+class Progress:
+    """Where a rollout is, so a failure can say so: phase, turn, and time spent per side."""
+
+    rollout_index: int
+    phase: Phase = "reset"
+    turn: int | None = None
+    started: float = field(default_factory=time.perf_counter)
+    llm_s: float = 0.0
+    env_s: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+class EnvCalls:
+    """Runs one env's synchronous calls in the pool, one at a time.
+
+    The lock matters on cancellation: the awaiting task stops waiting but the thread finishes its call,
+    and ``close`` must not run beside it.
+    """
+
+    def __init__(self, executor: Executor, progress: Progress) -> None:
+        self._executor = executor
+        self._progress = progress
+        self._lock = threading.Lock()
+
+    def _locked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            return await loop.run_in_executor(
+                self._executor, functools.partial(self._locked, fn, *args, **kwargs)
+            )
+        finally:
+            self._progress.env_s += time.perf_counter() - start
+
+
+@dataclass
+class _Transcript:
+    """What a rollout accumulates turn by turn."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (last token index, reward)
+    steps: list[Trajectory] = field(default_factory=list)
+    stop_reason: str = "stop"
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def add_generated(self, generation: Generation) -> None:
+        self.response_ids += generation.token_ids
+        self.loss_mask += [1] * len(generation.token_ids)
+        self.logprobs += generation.logprobs or [0.0] * len(generation.token_ids)
+
+    def add_env_tokens(self, token_ids: list[int]) -> None:
+        self.response_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+
+def _reward(value: float, length: int, token_level: bool) -> float | list[float]:
+    """A turn's reward: a float, or token-level with the reward on the last token."""
+    if not token_level:
+        return value
+    rewards = [0.0] * length
+    if length:
+        rewards[-1] = value
+    return rewards
+
+
+def _numeric(info: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        key: float(value)
+        for key, value in info.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+async def run_agent_loop(
+    *,
+    engine: Engine,
+    codec: ChatCodec,
+    env_factory: EnvFactory,
+    task: Task,
+    trajectory_id: TrajectoryId,
+    config: RunnerConfig,
+    sampling: Sampling,
+    executor: Executor,
+    progress: Progress,
+    reset_seed: int | None,
+) -> AnyTrajectory:
+    """Run one rollout to its end and return its trajectory; the env is closed on every path."""
+    call = EnvCalls(executor, progress)
+    progress.phase = "reset"
+    raw = await call(env_factory, task)
+    env = raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
+    try:
+        messages, _ = await call(env.reset, seed=reset_seed, options={"task": task})
+        result = await _turns(
+            engine, codec, env, call, task, trajectory_id, config, sampling, progress, messages
+        )
+    except BaseException as exc:
+        try:
+            await asyncio.shield(call(env.close))
+        except Exception as close_exc:
+            exc.add_note(f"closing the env also failed: {type(close_exc).__name__}: {close_exc}")
+        raise
+    progress.phase = "close"
+    await call(env.close)
+    return result
+
+
+async def _turns(
+    engine: Engine,
+    codec: ChatCodec,
+    env: ResilientEnv[Any, Any],
+    call: EnvCalls,
+    task: Task,
+    trajectory_id: TrajectoryId,
+    config: RunnerConfig,
+    sampling: Sampling,
+    progress: Progress,
+    opening: object,
+) -> AnyTrajectory:
+    prompt_ids = codec.prompt(as_messages(opening))
+    record = _Transcript(prompt_ids=prompt_ids)
+    for turn in range(config.max_turns):
+        input_ids = prompt_ids + record.response_ids
+        if config.max_input_length is not None and len(input_ids) > config.max_input_length:
+            if turn == 0 and not config.step_wise:
+                raise RolloutError(
+                    rollout_index=progress.rollout_index,
+                    phase="generate",
+                    turn=0,
+                    elapsed_s=progress.elapsed(),
+                    detail=f"the prompt has {len(input_ids)} tokens, over max_input_length "
+                    f"{config.max_input_length}",
+                )
+            record.stop_reason = "length"
+            break
+        progress.phase, progress.turn = "generate", turn
+        start = time.perf_counter()
+        generation = await engine.generate(input_ids, sampling)
+        progress.llm_s += time.perf_counter() - start
+        record.add_generated(generation)
+        record.stop_reason = generation.finish_reason
+        if generation.finish_reason == "abort":
+            break
+        progress.phase = "step"
+        observation, reward, terminated, truncated, info = await call(
+            env.step, codec.decode(generation.token_ids)
+        )
+        record.info = info
+        record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
+        if config.step_wise:
+            record.steps.append(
+                Trajectory(
+                    prompt_ids=list(input_ids),
+                    response_ids=list(generation.token_ids),
+                    reward=_reward(float(reward), len(generation.token_ids), config.token_level_rewards),
+                    loss_mask=[1] * len(generation.token_ids),
+                    stop_reason=generation.finish_reason,
+                    rollout_logprobs=list(generation.logprobs or []) if config.logprobs else None,
+                    env_metrics=_numeric(info),
+                    trajectory_id=trajectory_id,
+                )
+            )
+        if terminated or truncated or turn == config.max_turns - 1:
+            break
+        if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
+            record.add_env_tokens([codec.eos_token_id])
+        record.add_env_tokens(codec.observation(as_messages(observation)))
+    return _finish(record, trajectory_id, config, progress)
+
+
+def _finish(
+    record: _Transcript, trajectory_id: TrajectoryId, config: RunnerConfig, progress: Progress
+) -> AnyTrajectory:
+    e2e_time = progress.elapsed()
+    splits = {"llm": progress.llm_s, "env": progress.env_s}
+    if config.step_wise:
+        for step in record.steps:
+            step.e2e_time = e2e_time
+            step.time_splits = splits
+        return StepWiseTrajectory(steps=record.steps, e2e_time=e2e_time, trajectory_id=trajectory_id)
+    reward: float | list[float] = sum(value for _, value in record.turn_rewards)
+    if config.token_level_rewards:
+        per_token = [0.0] * len(record.response_ids)
+        for index, value in record.turn_rewards:
+            per_token[index] += value
+        reward = per_token
+    return Trajectory(
+        prompt_ids=record.prompt_ids,
+        response_ids=record.response_ids,
+        reward=reward,
+        loss_mask=record.loss_mask,
+        stop_reason=record.stop_reason,
+        rollout_logprobs=record.logprobs if config.logprobs else None,
+        env_metrics=_numeric(record.info),
+        e2e_time=e2e_time,
+        time_splits=splits,
+        trajectory_id=trajectory_id,
+    )

@@ -1,0 +1,93 @@
+"""``RunnerConfig``: every knob of the batch runner, checked once at construction (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gym_resilience.errors import UnsupportedConfigError
+
+__all__ = ["RunnerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """How ``BatchRunner`` runs a batch. Defaults follow the seed: failures abort the step.
+
+    Attributes:
+        skip_failed_rollouts: contain each rollout's ``Exception`` and stand a placeholder trajectory in
+            for it, so the step completes with the rest of its trajectories.
+        max_turns: agent turns per rollout (one generation and one env step each).
+        max_tokens: tokens generated per turn.
+        max_input_length: stop a rollout before a turn whose input (prompt, responses, observations)
+            is longer than this many tokens; None for no limit.
+        n_samples_per_prompt: rollouts per task (trajectory ids ``<instance_id>_<repetition>``).
+        temperature, top_p, seed: sampling; ``temperature=0.0`` is greedy and deterministic.
+        logprobs: record the sampled tokens' logprobs (0.0 for env-written tokens).
+        token_level_rewards: one reward per response token (each turn's reward on its last generated
+            token) instead of one float per trajectory.
+        step_wise: one trajectory per turn (``StepWiseTrajectory``) for step-wise training.
+        batched: the single-turn path: reset every env, generate for all prompts at once, step once.
+        return_routed_experts: return MoE routed-expert indices (no bundled engine provides them).
+        zero_reward_on_non_stop: zero the reward of rows whose stop reason is not ``"stop"``.
+        apply_overlong_filtering: zero the loss mask of rows whose stop reason is not ``"stop"``.
+        max_concurrency: rollouts in flight at once; None for all of the batch.
+        env_threads: threads running the (synchronous) env calls, so a slow env never blocks the loop.
+    """
+
+    skip_failed_rollouts: bool = False
+    max_turns: int = 1
+    max_tokens: int = 64
+    max_input_length: int | None = None
+    n_samples_per_prompt: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = 0
+    logprobs: bool = False
+    token_level_rewards: bool = False
+    step_wise: bool = False
+    batched: bool = False
+    return_routed_experts: bool = False
+    zero_reward_on_non_stop: bool = False
+    apply_overlong_filtering: bool = False
+    max_concurrency: int | None = None
+    env_threads: int = 16
+
+    def __post_init__(self) -> None:
+        _check_positive("max_turns", self.max_turns)
+        _check_positive("max_tokens", self.max_tokens)
+        _check_positive("n_samples_per_prompt", self.n_samples_per_prompt)
+        _check_positive("env_threads", self.env_threads)
+        if self.max_input_length is not None:
+            _check_positive("max_input_length", self.max_input_length)
+        if self.max_concurrency is not None:
+            _check_positive("max_concurrency", self.max_concurrency)
+        if self.temperature < 0:
+            raise UnsupportedConfigError(f"must be >= 0, got {self.temperature}", option="temperature")
+        if not 0 < self.top_p <= 1:
+            raise UnsupportedConfigError(f"must be in (0, 1], got {self.top_p}", option="top_p")
+        if self.skip_failed_rollouts and self.batched:
+            raise UnsupportedConfigError(
+                "cannot be combined with batched=True: the batched single-turn path has no agent loop, "
+                "so the flag would silently do nothing",
+                option="skip_failed_rollouts",
+            )
+        if self.skip_failed_rollouts and self.return_routed_experts:
+            raise UnsupportedConfigError(
+                "cannot be combined with return_routed_experts=True: a placeholder has no routed-expert "
+                "indices to stand in for",
+                option="skip_failed_rollouts",
+            )
+        if self.return_routed_experts:
+            raise UnsupportedConfigError(
+                "no engine of gym_resilience returns routed-expert indices", option="return_routed_experts"
+            )
+        if self.batched and (self.max_turns != 1 or self.step_wise):
+            raise UnsupportedConfigError(
+                "batched=True is the single-turn path: it needs max_turns=1 and step_wise=False",
+                option="batched",
+            )
+
+
+def _check_positive(option: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedConfigError(f"must be a positive integer, got {value!r}", option=option)

@@ -1,0 +1,219 @@
+"""``BatchRunner``: a batch of concurrent multi-turn rollouts that survives its failures (DESIGN.md §3).
+
+Without ``skip_failed_rollouts`` the first failure aborts the step, as in the seed, but only after the
+sibling rollouts are cancelled and every env is closed. With it, each rollout's ``Exception`` becomes a
+``FailedRollout`` marker, replaced by a placeholder once every rollout has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+
+from gym_resilience.agent_loop import ChatCodec, EnvFactory, Progress, run_agent_loop
+from gym_resilience.config import RunnerConfig
+from gym_resilience.engines.base import Engine, Sampling
+from gym_resilience.errors import AllRolloutsFailedError, UnsupportedConfigError
+from gym_resilience.metrics import batch_metrics
+from gym_resilience.placeholders import FailedRollout, substitute_placeholders
+from gym_resilience.tasks import Task
+from gym_resilience.trajectories import AnyTrajectory, BatchOutput, TrajectoryId, build_batch_output
+
+__all__ = ["BatchResult", "BatchRunner"]
+
+Outcome = AnyTrajectory | FailedRollout
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """A finished batch: one trajectory per task x sample in task order, its columns, its metrics.
+
+    ``failures`` lists the rollouts that placeholders stand in for (empty without the flag).
+    """
+
+    trajectories: list[AnyTrajectory]
+    output: BatchOutput
+    metrics: dict[str, float]
+    failures: list[FailedRollout]
+
+
+@dataclass(frozen=True, slots=True)
+class _Fatal:
+    """A BaseException (KeyboardInterrupt, SystemExit) carried out of its task.
+
+    Raised inside a task it would escape into the event loop itself; carried out, it is re-raised
+    from ``generate`` once every sibling has been cancelled and every env closed.
+    """
+
+    exception: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    index: int
+    task: Task
+    trajectory_id: TrajectoryId
+
+
+class BatchRunner:
+    """Runs batches of rollouts of ``engine`` against envs from ``env_factory``.
+
+    Example:
+        >>> runner = BatchRunner(engine, env_factory, RunnerConfig(skip_failed_rollouts=True))
+        >>> result = await runner.generate(tasks)  # doctest: +SKIP
+        >>> validate_batch_output(result.output, num_prompts=len(tasks))  # doctest: +SKIP
+    """
+
+    def __init__(self, engine: Engine, env_factory: EnvFactory, config: RunnerConfig | None = None) -> None:
+        self.engine = engine
+        self.env_factory = env_factory
+        self.config = config if config is not None else RunnerConfig()
+        self._codec: ChatCodec | None = None
+
+    def _sampling(self, index: int) -> Sampling:
+        config = self.config
+        return Sampling(
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=None if config.seed is None else config.seed + index,
+            logprobs=config.logprobs,
+        )
+
+    def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
+        if not tasks:
+            raise UnsupportedConfigError("generate() needs at least one task", option="tasks")
+        ids = [task.instance_id for task in tasks]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+        if duplicates:
+            raise UnsupportedConfigError(
+                f"instance ids must be unique, repeated: {duplicates}", option="tasks"
+            )
+        repetitions = range(self.config.n_samples_per_prompt)
+        pairs = [(task, repetition) for task in tasks for repetition in repetitions]
+        return [_Job(i, task, TrajectoryId(task.instance_id, rep)) for i, (task, rep) in enumerate(pairs)]
+
+    async def generate(self, tasks: Sequence[Task]) -> BatchResult:
+        """Run every task ``n_samples_per_prompt`` times and return the batch.
+
+        Raises:
+            AllRolloutsFailedError: every rollout failed (``__cause__`` is the first failure).
+            Exception: without ``skip_failed_rollouts``, the first rollout's failure, unchanged.
+            KeyboardInterrupt, asyncio.CancelledError: propagate after every env is closed.
+        """
+        jobs = self._jobs(tasks)
+        if self._codec is None:
+            self._codec = ChatCodec(self.engine.tokenizer)
+        codec = self._codec
+        start = time.perf_counter()
+        executor = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="gym-resilience-env")
+        try:
+            outcomes = await self._supervise(jobs, codec, executor)
+        finally:
+            # A thread stuck in a hung env must not block the event loop: do not wait for it.
+            executor.shutdown(wait=False, cancel_futures=True)
+        metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start)
+        failures = [o for o in outcomes if isinstance(o, FailedRollout)]
+        if failures and len(failures) == len(outcomes):
+            raise AllRolloutsFailedError([f.exception for f in failures]) from failures[0].exception
+        trajectories = substitute_placeholders(
+            outcomes,
+            pad_token_id=codec.pad_token_id,
+            logprobs=self.config.logprobs,
+            step_wise=self.config.step_wise,
+        )
+        output = build_batch_output(trajectories, rollout_metrics=metrics)
+        post_process(output, self.config)
+        return BatchResult(trajectories=trajectories, output=output, metrics=metrics, failures=failures)
+
+    async def _supervise(
+        self, jobs: list[_Job], codec: ChatCodec, executor: ThreadPoolExecutor
+    ) -> list[Outcome]:
+        """Run every job; on the first failure that must propagate, cancel the rest, then raise it."""
+        limit = self.config.max_concurrency
+        gate: AbstractAsyncContextManager[object] = (
+            asyncio.Semaphore(limit) if limit is not None else nullcontext()
+        )
+        aborting: list[BaseException] = []
+        tasks: list[asyncio.Task[Outcome | _Fatal]] = []
+
+        def on_done(task: asyncio.Task[Outcome | _Fatal]) -> None:
+            if aborting:
+                return
+            if task.cancelled():
+                aborting.append(asyncio.CancelledError())
+            elif task.exception() is not None:
+                aborting.append(task.exception())  # type: ignore[arg-type]
+            elif isinstance(task.result(), _Fatal):
+                aborting.append(task.result().exception)  # type: ignore[union-attr]
+            else:
+                return
+            for sibling in tasks:
+                sibling.cancel()
+
+        for job in jobs:
+            task = asyncio.create_task(self._rollout(job, codec, executor, gate))
+            task.add_done_callback(on_done)
+            tasks.append(task)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        if aborting:
+            raise aborting[0]
+        return [result for result in results if not isinstance(result, BaseException | _Fatal)]
+
+    async def _rollout(
+        self,
+        job: _Job,
+        codec: ChatCodec,
+        executor: ThreadPoolExecutor,
+        gate: AbstractAsyncContextManager[object],
+    ) -> Outcome | _Fatal:
+        progress = Progress(rollout_index=job.index)
+        try:
+            async with gate:
+                progress.started = time.perf_counter()
+                return await run_agent_loop(
+                    engine=self.engine,
+                    codec=codec,
+                    env_factory=self.env_factory,
+                    task=job.task,
+                    trajectory_id=job.trajectory_id,
+                    config=self.config,
+                    sampling=self._sampling(job.index),
+                    executor=executor,
+                    progress=progress,
+                    reset_seed=None if self.config.seed is None else self.config.seed + job.index,
+                )
+        except Exception as exc:
+            if not self.config.skip_failed_rollouts:
+                raise
+            return FailedRollout(
+                exception=exc,
+                rollout_index=job.index,
+                trajectory_id=job.trajectory_id,
+                phase=progress.phase,
+                turn=progress.turn,
+                elapsed_s=progress.elapsed(),
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            return _Fatal(exc)
+
+
+def post_process(output: BatchOutput, config: RunnerConfig) -> None:
+    """Apply ``zero_reward_on_non_stop`` and ``apply_overlong_filtering`` to the columns in place.
+
+    Any stop reason but ``"stop"`` is non-stop, so a placeholder contributes nothing through them either.
+    """
+    for row, reason in enumerate(output.stop_reasons):
+        if reason == "stop":
+            continue
+        if config.zero_reward_on_non_stop:
+            reward = output.rewards[row]
+            output.rewards[row] = [0.0] * len(reward) if isinstance(reward, list) else 0.0
+        if config.apply_overlong_filtering:
+            output.loss_masks[row] = [0] * len(output.loss_masks[row])

@@ -1,0 +1,232 @@
+"""BatchRunner logic on the scripted engine (fast); the same behaviours on real vLLM are in test_runner_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from doubles import EnvLedger, factory, fail_on, tasks
+
+from gym_resilience import (
+    AllRolloutsFailedError,
+    BatchRunner,
+    EnvStepError,
+    OutputValidationWarning,
+    RunnerConfig,
+    StepWiseTrajectory,
+    Trajectory,
+    UnsupportedConfigError,
+    validate_batch_output,
+)
+from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.placeholders import FailedRollout, substitute_placeholders
+from gym_resilience.trajectories import TrajectoryId, without_timings
+
+
+async def run(config: RunnerConfig, ledger: EnvLedger, fault=None, n: int = 6, engine=None, turns: int = 3):
+    runner = BatchRunner(
+        engine or ScriptedEngine(), factory(ledger, fault or (lambda *a: None), turns=turns), config
+    )
+    return await runner.generate(tasks(n))
+
+
+def test_skip_failed_rollouts_with_batched_is_rejected_at_construction() -> None:
+    with pytest.raises(UnsupportedConfigError) as info:
+        RunnerConfig(skip_failed_rollouts=True, batched=True)
+    assert str(info.value) == (
+        "skip_failed_rollouts: cannot be combined with batched=True: the batched single-turn path has no "
+        "agent loop, so the flag would silently do nothing"
+    )
+    assert isinstance(info.value, ValueError)
+
+
+def test_skip_failed_rollouts_with_routed_experts_is_rejected_at_construction() -> None:
+    with pytest.raises(UnsupportedConfigError, match="a placeholder has no routed-expert indices"):
+        RunnerConfig(skip_failed_rollouts=True, return_routed_experts=True)
+
+
+@pytest.mark.parametrize("option", ["max_turns", "max_tokens", "n_samples_per_prompt", "env_threads"])
+def test_non_positive_counts_are_rejected_naming_the_option(option: str) -> None:
+    with pytest.raises(UnsupportedConfigError, match=f"^{option}: must be a positive integer, got 0$"):
+        RunnerConfig(**{option: 0})
+
+
+async def test_failed_rollouts_become_placeholders_and_successes_stay_intact() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, max_tokens=12)
+    baseline = await run(config, EnvLedger())
+    ledger = EnvLedger()
+    result = await run(config, ledger, fail_on({"t1", "t4"}))
+    assert [t.is_placeholder for t in result.trajectories] == [False, True, False, False, True, False]
+    for index in (0, 2, 3, 5):
+        assert without_timings(result.trajectories[index]) == without_timings(baseline.trajectories[index])
+    placeholder = result.trajectories[1]
+    assert isinstance(placeholder, Trajectory)
+    assert placeholder.response_ids == [0] and placeholder.loss_mask == [0] and placeholder.reward == 0.0
+    assert placeholder.stop_reason == "rollout_error"
+    assert placeholder.failure is not None and placeholder.failure.phase == "step"
+    assert placeholder.failure.turn == 1 and placeholder.failure.error_type == "EnvStepError"
+    validate_batch_output(result.output, num_prompts=6)
+    assert ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert result.metrics["rollout_errors"] == 2.0
+    assert result.metrics["rollout_errors/type/EnvStepError"] == 2.0
+    assert result.metrics["rollout_errors/phase/step"] == 2.0
+
+
+async def test_placeholder_reward_follows_token_level_rewards_and_logprobs() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, token_level_rewards=True, logprobs=True)
+    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0))
+    placeholder = result.trajectories[0]
+    assert isinstance(placeholder, Trajectory)
+    assert placeholder.reward == [0.0] and placeholder.rollout_logprobs == [0.0]
+    for trajectory in result.trajectories[1:]:
+        assert isinstance(trajectory, Trajectory) and isinstance(trajectory.reward, list)
+        assert trajectory.rollout_logprobs is not None
+        assert len(trajectory.reward) == len(trajectory.rollout_logprobs) == len(trajectory.response_ids)
+    validate_batch_output(result.output, num_prompts=6)
+
+
+async def test_all_rollouts_failing_raises_with_the_first_exception_as_cause() -> None:
+    ledger = EnvLedger()
+    config = RunnerConfig(skip_failed_rollouts=True)
+    with pytest.raises(AllRolloutsFailedError) as info:
+        await run(config, ledger, fail_on({f"t{i}" for i in range(6)}, turn=0), n=6)
+    assert isinstance(info.value, RuntimeError)
+    assert len(info.value.exceptions) == 6
+    assert info.value.__cause__ is info.value.exceptions[0]
+    assert isinstance(info.value.__cause__, EnvStepError)
+    assert ledger.open_envs() == 0
+
+
+async def test_without_the_flag_a_failure_aborts_the_step_and_cancels_its_siblings() -> None:
+    ledger = EnvLedger()
+    engine = ScriptedEngine(delay_s=0.05)
+    before = asyncio.all_tasks()
+    with pytest.raises(EnvStepError, match="turn 0"):
+        await run(RunnerConfig(max_turns=3), ledger, fail_on({"t2"}, turn=0), n=8, engine=engine)
+    assert asyncio.all_tasks() == before
+    assert engine.cancelled > 0
+    assert ledger.created == 8 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+
+
+async def test_the_env_is_closed_when_its_rollout_raises_in_reset() -> None:
+    ledger = EnvLedger()
+    result = await run(
+        RunnerConfig(skip_failed_rollouts=True), ledger, fail_on({"t3"}, phase="reset", turn=0)
+    )
+    assert result.failures[0].phase == "reset"
+    assert ledger.open_envs() == 0
+
+
+async def test_a_step_wise_batch_whose_first_success_has_no_steps_does_not_crash() -> None:
+    failed = FailedRollout(ValueError("x"), 0, TrajectoryId("a"), "step", 0, 0.25)
+    empty = StepWiseTrajectory(steps=[], e2e_time=0.1, trajectory_id=TrajectoryId("b"))
+    out = substitute_placeholders([failed, empty], pad_token_id=7, logprobs=False, step_wise=True)
+    placeholder = out[0]
+    assert isinstance(placeholder, StepWiseTrajectory) and placeholder.is_placeholder
+    assert placeholder.steps[0].reward == 0.0 and placeholder.e2e_time == 0.25
+
+
+async def test_a_step_wise_run_with_an_over_long_prompt_has_no_steps_and_validates() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, step_wise=True, max_turns=2, max_input_length=30)
+    result = await run(config, EnvLedger(), fail_on({"t0"}, phase="reset", turn=0), n=3)
+    assert all(isinstance(t, StepWiseTrajectory) and not t.steps for t in result.trajectories[1:])
+    with pytest.warns(OutputValidationWarning, match="every loss mask in the batch is all zeros"):
+        validate_batch_output(result.output, num_prompts=3, step_wise=True)
+
+
+async def test_a_placeholder_e2e_time_is_the_failed_rollouts_measured_time() -> None:
+    def slow_failure(phase: str, instance_id: str, turn: int) -> None:
+        if phase == "step" and instance_id == "t0":
+            time.sleep(0.2)
+            raise ConnectionError("network blip")
+
+    result = await run(RunnerConfig(skip_failed_rollouts=True), EnvLedger(), slow_failure, n=2)
+    placeholder = result.trajectories[0]
+    assert placeholder.is_placeholder and placeholder.e2e_time is not None
+    assert placeholder.e2e_time >= 0.2
+    assert result.output.trajectory_generation_times is not None
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, asyncio.CancelledError])
+async def test_base_exceptions_in_a_rollout_propagate_and_every_env_is_closed(
+    exc: type[BaseException],
+) -> None:
+    ledger = EnvLedger()
+    engine = ScriptedEngine(delay_s=0.02)
+    with pytest.raises(exc):
+        await run(
+            RunnerConfig(skip_failed_rollouts=True, max_turns=3),
+            ledger,
+            fail_on({"t1"}, exc=exc),
+            engine=engine,
+        )
+    assert ledger.created >= 2 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+
+
+async def test_mutating_one_placeholder_changes_no_other() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, token_level_rewards=True, logprobs=True)
+    result = await run(config, EnvLedger(), fail_on({"t0", "t1"}, turn=0), n=3)
+    first, second = result.trajectories[0], result.trajectories[1]
+    assert isinstance(first, Trajectory) and isinstance(second, Trajectory)
+    assert isinstance(first.reward, list) and first.rollout_logprobs is not None
+    first.reward[0] = 5.0
+    first.loss_mask[0] = 1
+    first.rollout_logprobs[0] = -1.0
+    first.response_ids.append(9)
+    assert second.reward == [0.0] and second.loss_mask == [0] and second.rollout_logprobs == [0.0]
+    assert second.response_ids == [0]
+
+
+async def test_cancelling_the_batch_closes_every_env() -> None:
+    ledger = EnvLedger()
+    batch = asyncio.create_task(run(RunnerConfig(max_turns=3), ledger, engine=ScriptedEngine(delay_s=1.0)))
+    await asyncio.sleep(0.1)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert ledger.created == 6 and ledger.open_envs() == 0
+
+
+async def test_non_stop_knobs_zero_reward_and_loss_of_truncated_rows_and_placeholders() -> None:
+    config = RunnerConfig(
+        skip_failed_rollouts=True,
+        max_tokens=4,
+        zero_reward_on_non_stop=True,
+        apply_overlong_filtering=True,
+    )
+    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0), n=3)
+    assert result.output.stop_reasons == ["rollout_error", "length", "length"]
+    assert result.output.rewards == [0.0, 0.0, 0.0]
+    assert all(set(mask) == {0} for mask in result.output.loss_masks)
+
+
+async def test_samples_per_prompt_give_one_trajectory_per_task_and_repetition_in_order() -> None:
+    result = await run(RunnerConfig(n_samples_per_prompt=2), EnvLedger(), n=2)
+    assert [str(t) for t in result.output.trajectory_ids] == ["t0_0", "t0_1", "t1_0", "t1_1"]
+    validate_batch_output(result.output, num_prompts=4)
+
+
+async def test_max_concurrency_bounds_rollouts_in_flight() -> None:
+    in_flight = peak = 0
+
+    async def script(prompt_ids, sampling, call_index):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        from gym_resilience.engines.scripted import echo_script
+
+        return echo_script(prompt_ids, sampling, call_index)
+
+    await run(
+        RunnerConfig(max_concurrency=2, max_turns=1), EnvLedger(), engine=ScriptedEngine(script=script), n=6
+    )
+    assert peak == 2
+
+
+async def test_duplicate_instance_ids_are_rejected_naming_them() -> None:
+    runner = BatchRunner(ScriptedEngine(), factory(EnvLedger()), RunnerConfig())
+    with pytest.raises(UnsupportedConfigError, match=r"repeated: \['t0'\]"):
+        await runner.generate(tasks(2) + tasks(1))
