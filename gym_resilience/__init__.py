@@ -1,5 +1,7 @@
 """gym_resilience: keep RL rollout pipelines for LLM agents alive when environments and inference fail."""
 
+from gym_resilience.config import RunnerConfig
+from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
     AllRolloutsFailedError,
     EnvClosedError,
@@ -16,6 +18,8 @@ from gym_resilience.errors import (
     ScenarioError,
     UnsupportedConfigError,
 )
+from gym_resilience.retry import RetryPolicy
+from gym_resilience.runner import BatchResult, BatchRunner
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     ROLLOUT_ERROR_STOP_REASON,
@@ -26,11 +30,14 @@ from gym_resilience.trajectories import (
     TrajectoryId,
     build_batch_output,
 )
+from gym_resilience.validation import OutputValidationWarning, validate_batch_output
 
 __all__ = [
     "ROLLOUT_ERROR_STOP_REASON",
     "AllRolloutsFailedError",
     "BatchOutput",
+    "BatchResult",
+    "BatchRunner",
     "EnvCloseError",
     "EnvClosedError",
     "EnvError",
@@ -40,9 +47,13 @@ __all__ = [
     "FailureBudgetExceededError",
     "GymResilienceError",
     "OutputValidationError",
+    "OutputValidationWarning",
+    "ResilientEnv",
+    "RetryPolicy",
     "RolloutError",
     "RolloutFailure",
     "RolloutTimeoutError",
+    "RunnerConfig",
     "ScenarioError",
     "StepWiseTrajectory",
     "Task",
@@ -50,4 +61,5 @@ __all__ = [
     "TrajectoryId",
     "UnsupportedConfigError",
     "build_batch_output",
+    "validate_batch_output",
 ]

@@ -1,0 +1,264 @@
+"""ResilientEnv: a Gymnasium wrapper that always closes its env and reports failures as typed errors.
+
+Foreign exceptions become typed errors at one boundary: the ``except`` clauses of ``reset`` and ``step``,
+which hand an ``Exception`` to ``_failed`` (close, then raise the typed error from it) and anything else
+(cancellation, ``KeyboardInterrupt``) to ``_close_while_propagating`` (close, then let it go on unchanged).
+That boundary is not a context manager, as httpx's is, because ``step`` is the hot path: even a reused
+``with`` object measured about 130 ns more per step, twice the rest of the wrapper's cost, while a ``try``
+costs nothing in Python 3.11 until it catches.
+"""
+
+from __future__ import annotations
+
+import enum
+import reprlib
+import threading
+import warnings
+import weakref
+from types import TracebackType
+from typing import Any, Literal, SupportsFloat
+
+import gymnasium
+from gymnasium.core import ActType, ObsType, RenderFrame
+
+from gym_resilience.errors import EnvClosedError, EnvCloseError, EnvResetError, EnvStepError
+from gym_resilience.retry import RetryPolicy
+
+__all__ = ["ResilientEnv"]
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+_OPEN = _State.OPEN
+_CLOSED = _State.CLOSED
+
+_action_repr = reprlib.Repr()
+_action_repr.maxstring = 60
+_action_repr.maxother = 60
+_action_repr.maxlist = _action_repr.maxtuple = _action_repr.maxdict = 6
+
+
+# reprlib also survives an action whose __repr__ raises: the step failure must not be hidden by it.
+_short_repr = _action_repr.repr
+
+
+class _Closer:
+    """The close-once state, shared by a ResilientEnv and its finalizer.
+
+    The finalizer must not reference the wrapper (it would keep it alive forever), so the state that both
+    need lives here: the inner env and whether it was closed.
+    """
+
+    __slots__ = ("_lock", "env", "state")
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        self.env = env
+        self.state = _OPEN
+        # Runners call env methods from executor threads: two close requests must not both get through.
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Closes the inner env unless that was already requested; raises what its close() raised."""
+        with self._lock:
+            if self.state is _CLOSED:
+                return
+            # Mark first: a close() that raises, or re-enters, still counts as the one close.
+            self.state = _CLOSED
+        self.env.close()
+
+
+def _close_at_collection(closer: _Closer) -> None:
+    """Finalizer: closes an env whose wrapper was collected, or left open at interpreter exit."""
+    if closer.state is _CLOSED:
+        return
+    try:
+        closer.close()
+    except Exception as exc:  # nobody is left to raise to
+        failure = f"; its close() raised {type(exc).__name__}: {exc}"
+    else:
+        failure = ""
+    warnings.warn(
+        f"unclosed ResilientEnv around {closer.env!r} was closed by the garbage collector{failure}",
+        ResourceWarning,
+        stacklevel=1,  # no caller to point at: the collector called this
+        source=closer.env,  # with tracemalloc on, Python shows where the env was allocated
+    )
+
+
+class ResilientEnv(
+    gymnasium.Wrapper[ObsType, ActType, ObsType, ActType], gymnasium.utils.RecordConstructorArgs
+):
+    """Closes its env exactly once on every exit path, and reports its failures as typed errors.
+
+    The inner ``close()`` runs once however the wrapper ends: an explicit ``close()``, a failing
+    ``reset``/``step`` (before the typed error reaches you, unless ``close_on_error=False``), a
+    ``KeyboardInterrupt`` or ``asyncio.CancelledError`` inside ``reset``/``step`` (it propagates unchanged),
+    leaving a ``with`` block, garbage collection, or interpreter exit. Further ``close()`` calls do nothing.
+
+    Failures are typed, with the original exception as ``__cause__``: :class:`EnvResetError`,
+    :class:`EnvStepError` (0-based turn since the last reset, short action repr), :class:`EnvCloseError`,
+    and :class:`EnvClosedError` for a ``reset``/``step``/``render`` after close. A close failure while
+    another exception propagates is added to that exception as a note and kept in :attr:`close_error`,
+    never masking it. ``step`` is never retried (it is not idempotent); ``reset`` is retried on transient
+    errors when ``reset_retry`` is given. Spaces, ``metadata``, ``render``, ``unwrapped`` and ``spec``
+    pass through, so ``gymnasium.utils.env_checker.check_env`` accepts the wrapped env.
+
+    Args:
+        env: The env to wrap; the wrapper owns it from now on.
+        close_on_error: Close the inner env when ``reset``/``step`` raises an ``Exception`` (default).
+            With False the env stays open after such an error; interruptions still close it.
+        reset_retry: Retry ``reset`` on ``reset_retry.retry_on`` errors; None (default) tries once.
+
+    Attributes:
+        close_error: The :class:`EnvCloseError` (cause: what the inner ``close()`` raised) when closing
+            failed, else None.
+
+    Example:
+        >>> from gym_resilience.testing import ScriptableEnv
+        >>> def step(env, action):
+        ...     raise ConnectionError("tool server went away")
+        >>> inner = ScriptableEnv(step=step)
+        >>> with ResilientEnv(inner) as env:
+        ...     _ = env.reset(seed=0)
+        ...     env.step("ls")
+        Traceback (most recent call last):
+        ...
+        gym_resilience.errors.EnvStepError: env step failed at turn 0 (action='ls')
+        >>> inner.close_calls
+        1
+    """
+
+    def __init__(
+        self,
+        env: gymnasium.Env[ObsType, ActType],
+        *,
+        close_on_error: bool = True,
+        reset_retry: RetryPolicy | None = None,
+    ) -> None:
+        gymnasium.utils.RecordConstructorArgs.__init__(
+            self, close_on_error=close_on_error, reset_retry=reset_retry
+        )
+        gymnasium.Wrapper.__init__(self, env)
+        self.close_on_error = close_on_error
+        self.reset_retry = reset_retry
+        self.close_error: EnvCloseError | None = None
+        self._turn = 0
+        spec = env.unwrapped.spec
+        self._env_id = spec.id if spec is not None else None
+        self._closer = _Closer(env)
+        self._finalizer = weakref.finalize(self, _close_at_collection, self._closer)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the inner env was closed (or its close was attempted)."""
+        return self._closer.state is _CLOSED
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[ObsType, dict[str, Any]]:
+        """Resets the inner env, retrying transient errors when a ``reset_retry`` policy is set.
+
+        Raises:
+            EnvResetError: the reset failed (after ``attempts`` attempts); ``__cause__`` is the last error.
+            EnvClosedError: the env was closed.
+        """
+        if self._closer.state is _CLOSED:
+            raise EnvClosedError(operation="reset", env_id=self._env_id)
+        attempts = 0
+
+        def reset_once() -> tuple[ObsType, dict[str, Any]]:
+            nonlocal attempts
+            attempts += 1
+            return self.env.reset(seed=seed, options=options)
+
+        try:
+            result = reset_once() if self.reset_retry is None else self.reset_retry.retrying()(reset_once)
+        except Exception as exc:
+            raise self._failed(EnvResetError(attempts=attempts, env_id=self._env_id)) from exc
+        except BaseException as exc:
+            self._close_while_propagating(exc)
+            raise
+        self._turn = 0
+        return result
+
+    def step(self, action: ActType) -> tuple[ObsType, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Steps the inner env once; never retried.
+
+        Raises:
+            EnvStepError: the step failed; ``__cause__`` is the original error.
+            EnvClosedError: the env was closed.
+        """
+        if self._closer.state is _CLOSED:
+            raise EnvClosedError(operation="step", env_id=self._env_id)
+        try:
+            result = self.env.step(action)
+        except Exception as exc:
+            error = EnvStepError(turn=self._turn, action_repr=_short_repr(action), env_id=self._env_id)
+            raise self._failed(error) from exc
+        except BaseException as exc:
+            self._close_while_propagating(exc)
+            raise
+        self._turn += 1
+        return result
+
+    def render(self) -> RenderFrame | list[RenderFrame] | None:
+        """Renders the inner env.
+
+        Raises:
+            EnvClosedError: the env was closed.
+        """
+        if self._closer.state is _CLOSED:
+            raise EnvClosedError(operation="render", env_id=self._env_id)
+        return self.env.render()
+
+    def close(self) -> None:
+        """Closes the inner env, once; later calls do nothing.
+
+        Raises:
+            EnvCloseError: the inner ``close()`` raised (the env still counts as closed); ``__cause__``
+                is the original error, and the error is also kept in :attr:`close_error`.
+        """
+        try:
+            self._close_inner()
+        except Exception as exc:
+            raise self._record_close_failure(exc) from exc
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> Literal[False]:
+        """Closes the env on leaving a ``with`` block; an exception leaving the block is never masked."""
+        if exc is None:
+            self.close()
+        else:
+            self._close_while_propagating(exc)
+        return False
+
+    def _close_inner(self) -> None:
+        self._finalizer.detach()
+        self._closer.close()
+
+    def _failed(self, error: Exception) -> Exception:
+        """The boundary where an inner failure becomes ``error``: closes the env unless opted out."""
+        if self.close_on_error:
+            self._close_while_propagating(error)
+        return error
+
+    def _close_while_propagating(self, propagating: BaseException) -> None:
+        """Closes the env while ``propagating`` is on its way out, never masking it by a close failure."""
+        try:
+            self._close_inner()
+        except Exception as exc:
+            close_error = self._record_close_failure(exc)
+            propagating.add_note(f"{close_error}: {type(exc).__name__}: {exc}")
+
+    def _record_close_failure(self, cause: Exception) -> EnvCloseError:
+        error = EnvCloseError(env_id=self._env_id)
+        error.__cause__ = cause
+        self.close_error = error
+        return error

@@ -1,0 +1,147 @@
+"""The error tree: every error pickles with its context, and the classes match the docstring's tree."""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import pickle
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gym_resilience import errors
+
+ERROR_CLASSES = {
+    name: obj
+    for name, obj in vars(errors).items()
+    if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__
+}
+
+# A fresh instance per call (tests add notes), every piece of context set to a non-default value.
+EXAMPLES: dict[str, Callable[[], BaseException]] = {
+    "GymResilienceError": lambda: errors.GymResilienceError("something failed"),
+    "EnvError": lambda: errors.EnvError("env misbehaved", env_id="Text-v0"),
+    "EnvResetError": lambda: errors.EnvResetError(attempts=3, env_id="Text-v0"),
+    "EnvStepError": lambda: errors.EnvStepError(turn=4, action_repr="'rm -rf /'", env_id="Text-v0"),
+    "EnvCloseError": lambda: errors.EnvCloseError(env_id="Text-v0"),
+    "EnvClosedError": lambda: errors.EnvClosedError(operation="step", env_id="Text-v0"),
+    "EnvTimeoutError": lambda: errors.EnvTimeoutError(operation="reset", timeout_s=2.5, env_id="Text-v0"),
+    "RolloutError": lambda: errors.RolloutError(
+        rollout_index=7, phase="generate", turn=2, elapsed_s=1.25, detail="engine died"
+    ),
+    "RolloutTimeoutError": lambda: errors.RolloutTimeoutError(
+        rollout_index=1, phase="step", turn=None, elapsed_s=30.5, timeout_s=30.0
+    ),
+    "AllRolloutsFailedError": lambda: errors.AllRolloutsFailedError(
+        [ConnectionError("refused"), errors.EnvStepError(turn=0, action_repr="'a'")]
+    ),
+    "FailureBudgetExceededError": lambda: errors.FailureBudgetExceededError(
+        [ValueError("bad"), TimeoutError("slow")], total=8, max_failed_fraction=0.2
+    ),
+    "UnsupportedConfigError": lambda: errors.UnsupportedConfigError("needs an agent loop", option="batched"),
+    "OutputValidationError": lambda: errors.OutputValidationError(
+        ["sample 0: empty response", "sample 3: bad mask"]
+    ),
+    "ScenarioError": lambda: errors.ScenarioError(
+        file="scenarios/flaky.yaml", field="faults[2].kind", reason="expected one of raise, delay", line=12
+    ),
+}
+
+
+def comparable(value: Any) -> Any:
+    """Exceptions do not compare by value; compare them by type, args and attributes instead."""
+    if isinstance(value, BaseException):
+        return (type(value), value.args, {key: comparable(item) for key, item in vars(value).items()})
+    if isinstance(value, dict):
+        return {key: comparable(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(comparable(item) for item in value)
+    return value
+
+
+def test_every_error_class_has_a_pickling_example() -> None:
+    assert set(EXAMPLES) == set(ERROR_CLASSES)
+    assert all(type(make()) is ERROR_CLASSES[name] for name, make in EXAMPLES.items())
+
+
+def test_every_error_class_is_exported() -> None:
+    assert set(ERROR_CLASSES) <= set(errors.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_error_survives_a_pickle_round_trip_with_its_context(name: str) -> None:
+    original = EXAMPLES[name]()
+    original.add_note("seen in rollout 3")
+    restored = pickle.loads(pickle.dumps(original))
+    assert type(restored) is type(original)
+    assert str(restored) == str(original)
+    assert restored.args == original.args
+    assert comparable(vars(restored)) == comparable(vars(original))
+    assert restored.__notes__ == ["seen in rollout 3"]
+
+
+def test_pickled_errors_keep_their_named_attributes() -> None:
+    restored = pickle.loads(pickle.dumps(EXAMPLES["EnvStepError"]()))
+    assert (restored.turn, restored.action_repr, restored.env_id) == (4, "'rm -rf /'", "Text-v0")
+    assert str(restored) == "env step failed at turn 4 (action='rm -rf /') [Text-v0]"
+
+
+def parse_tree(docstring: str) -> dict[str, tuple[str | None, str | None]]:
+    """``{class: (parent in the tree, built-in named by "(also X)")}`` from the drawn tree."""
+    nodes: dict[str, tuple[str | None, str | None]] = {}
+    stack: list[tuple[int, str]] = []
+    for line in docstring.splitlines():
+        match = re.match(r"^(?P<indent>[\s│├└─]*?)(?P<name>[A-Z]\w+Error)\b(?P<rest>.*)$", line.strip("\n"))
+        if match is None or not line.startswith("    "):
+            continue
+        depth = len(match["indent"])
+        also = re.search(r"\(also (\w+)\)", match["rest"])
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        nodes[match["name"]] = (stack[-1][1] if stack else None, also[1] if also else None)
+        stack.append((depth, match["name"]))
+    return nodes
+
+
+TREE = parse_tree(errors.__doc__ or "")
+
+
+def test_the_docstring_tree_draws_every_error_class() -> None:
+    assert set(TREE) == set(ERROR_CLASSES)
+    assert TREE["GymResilienceError"] == (None, None)
+
+
+@pytest.mark.parametrize("name", sorted(TREE))
+def test_error_class_inherits_what_the_docstring_tree_claims(name: str) -> None:
+    parent, also = TREE[name]
+    cls = ERROR_CLASSES[name]
+    expected_bases: tuple[type, ...] = (ERROR_CLASSES[parent],) if parent else (Exception,)
+    if also is not None:
+        expected_bases += (getattr(builtins, also),)
+    assert cls.__bases__ == expected_bases
+    assert issubclass(cls, errors.GymResilienceError)
+
+
+def test_misuse_and_batch_errors_are_catchable_as_builtins() -> None:
+    assert issubclass(errors.AllRolloutsFailedError, RuntimeError)
+    assert issubclass(errors.UnsupportedConfigError, ValueError)
+    assert issubclass(errors.OutputValidationError, ValueError)
+    assert issubclass(errors.ScenarioError, ValueError)
+    env_errors = [cls for cls in ERROR_CLASSES.values() if issubclass(cls, errors.EnvError)]
+    assert {cls.__name__ for cls in env_errors} == {
+        "EnvError",
+        "EnvResetError",
+        "EnvStepError",
+        "EnvCloseError",
+        "EnvClosedError",
+        "EnvTimeoutError",
+    }
+    assert not any(issubclass(cls, errors.RolloutError) for cls in env_errors)
+    assert issubclass(errors.RolloutTimeoutError, errors.RolloutError)
+
+
+def test_every_error_class_has_a_raised_when_docstring() -> None:
+    for name, cls in ERROR_CLASSES.items():
+        assert (cls.__doc__ or "").startswith("Raised "), name
