@@ -20,7 +20,7 @@ import gymnasium
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
 from gym_resilience.env import ResilientEnv
-from gym_resilience.errors import Phase, RolloutError
+from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError
 from gym_resilience.tasks import ChatMessage, Task
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory, TrajectoryId
 
@@ -193,22 +193,84 @@ async def run_agent_loop(
     """Run one rollout to its end and return its trajectory; the env is closed on every path."""
     call = EnvCalls(executor, progress)
     progress.phase = "reset"
-    raw = await call(env_factory, task)
-    env = raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
+    env = await _create_env(call, env_factory, task, config)
     try:
         messages, _ = await call(env.reset, seed=reset_seed, options={"task": task})
-        result = await _turns(
-            engine, codec, env, call, task, trajectory_id, config, sampling, progress, messages
-        )
+        result = await _turns(engine, codec, env, call, trajectory_id, config, sampling, progress, messages)
     except BaseException as exc:
-        try:
-            await asyncio.shield(call(env.close))
-        except Exception as close_exc:
-            exc.add_note(f"closing the env also failed: {type(close_exc).__name__}: {close_exc}")
+        await _close_after_failure(env, call, exc, config.close_timeout_s)
         raise
     progress.phase = "close"
     await call(env.close)
     return result
+
+
+def make_env(env_factory: EnvFactory, task: Task, config: RunnerConfig) -> ResilientEnv[Any, Any]:
+    """The env of one rollout, wrapped; in its own process when ``config.isolate_envs``."""
+    if config.isolate_envs:
+        return ResilientEnv(
+            functools.partial(env_factory, task),
+            isolate=True,
+            step_timeout=config.env_step_timeout_s,
+            reset_timeout=config.env_reset_timeout_s,
+        )
+    raw = env_factory(task)
+    return raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
+
+
+async def _create_env(
+    call: EnvCalls, env_factory: EnvFactory, task: Task, config: RunnerConfig
+) -> ResilientEnv[Any, Any]:
+    """Build the env in its thread; if the rollout is cancelled meanwhile, close the env once it exists."""
+    creating = asyncio.ensure_future(call(make_env, env_factory, task, config))
+    try:
+        return await asyncio.shield(creating)
+    except asyncio.CancelledError as cancelled:
+        if not await _wait_through_cancellation(creating, config.close_timeout_s):
+            cancelled.add_note("an env was still being built when its rollout was cancelled: it may leak")
+        elif not creating.cancelled() and creating.exception() is None:
+            await _close_after_failure(creating.result(), call, cancelled, config.close_timeout_s)
+        raise
+
+
+async def _wait_through_cancellation(future: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Wait for a teardown step up to ``timeout_s``, even if cancelled again meanwhile.
+
+    Teardown that a second cancellation could interrupt would leak the env it was closing; the
+    cancellation is delivered once the step is done (or its time is up). True when it finished.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    cancelled = False
+    while not future.done() and loop.time() < deadline:
+        try:
+            await asyncio.wait({future}, timeout=deadline - loop.time())
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return future.done()
+
+
+async def _close_after_failure(
+    env: ResilientEnv[Any, Any], call: EnvCalls, error: BaseException, timeout_s: float
+) -> None:
+    """Close the env of a failed rollout without masking ``error`` and without waiting forever.
+
+    The close waits for any env call still running in its thread (a cancelled step finishes there);
+    past ``timeout_s`` it is left to run when that call returns, and ``error`` says so.
+    """
+    closing = asyncio.ensure_future(call(env.close))
+    if not await _wait_through_cancellation(closing, timeout_s):
+        error.add_note(
+            f"the env's close is still waiting after {timeout_s:g} s for a call stuck in its thread; "
+            "it runs when that call returns (isolate_envs=True kills stuck envs instead)"
+        )
+        return
+    try:
+        closing.result()
+    except Exception as close_error:
+        error.add_note(f"closing the env also failed: {type(close_error).__name__}: {close_error}")
 
 
 async def _turns(
@@ -216,7 +278,6 @@ async def _turns(
     codec: ChatCodec,
     env: ResilientEnv[Any, Any],
     call: EnvCalls,
-    task: Task,
     trajectory_id: TrajectoryId,
     config: RunnerConfig,
     sampling: Sampling,
@@ -240,9 +301,7 @@ async def _turns(
             record.stop_reason = "length"
             break
         progress.phase, progress.turn = "generate", turn
-        start = time.perf_counter()
-        generation = await engine.generate(input_ids, sampling)
-        progress.llm_s += time.perf_counter() - start
+        generation = await _generate(engine, input_ids, sampling, config.generation_timeout_s, progress)
         record.add_generated(generation)
         record.stop_reason = generation.finish_reason
         if generation.finish_reason == "abort":
@@ -272,6 +331,29 @@ async def _turns(
             record.add_env_tokens([codec.eos_token_id])
         record.add_env_tokens(codec.observation(as_messages(observation)))
     return _finish(record, trajectory_id, config, progress)
+
+
+async def _generate(
+    engine: Engine, prompt_ids: list[int], sampling: Sampling, timeout_s: float | None, progress: Progress
+) -> Generation:
+    """One engine call under its deadline; past it the request is cancelled, which aborts it in the engine."""
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            return await engine.generate(prompt_ids, sampling)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise RolloutTimeoutError(
+            rollout_index=progress.rollout_index,
+            phase="generate",
+            turn=progress.turn,
+            elapsed_s=progress.elapsed(),
+            timeout_s=timeout_s or 0.0,
+            what="generation",
+        ) from None
+    finally:
+        progress.llm_s += time.perf_counter() - start
 
 
 def _finish(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gym_resilience.errors import UnsupportedConfigError
+from gym_resilience.retry import RetryPolicy
 
 __all__ = ["RunnerConfig"]
 
@@ -32,6 +33,18 @@ class RunnerConfig:
         apply_overlong_filtering: zero the loss mask of rows whose stop reason is not ``"stop"``.
         max_concurrency: rollouts in flight at once; None for all of the batch.
         env_threads: threads running the (synchronous) env calls, so a slow env never blocks the loop.
+        retry: rerun a rollout that failed with a transient error (``retry.retry_on`` anywhere in its
+            ``__cause__`` chain) from scratch with a fresh env, before it counts as failed.
+        max_failed_fraction: with ``skip_failed_rollouts``, raise ``FailureBudgetExceededError`` when
+            more than this fraction of the batch failed, instead of training on mostly placeholders.
+        generation_timeout_s: deadline of one engine call; the request is aborted in the engine.
+        rollout_timeout_s: deadline of one whole rollout attempt (``RolloutTimeoutError``).
+        isolate_envs: run each env in its own process (``ResilientEnv(isolate=True)``), so a hung env
+            can be killed. ``env_factory`` and the tasks must then be picklable.
+        env_step_timeout_s, env_reset_timeout_s: deadlines of one env call; they need ``isolate_envs``,
+            because a thread stuck in an env cannot be stopped.
+        close_timeout_s: how long tearing down a failed rollout waits for its env's ``close``; past it
+            the close still runs when the env's stuck call returns, but the batch does not wait for it.
     """
 
     skip_failed_rollouts: bool = False
@@ -51,6 +64,14 @@ class RunnerConfig:
     apply_overlong_filtering: bool = False
     max_concurrency: int | None = None
     env_threads: int = 16
+    retry: RetryPolicy | None = None
+    max_failed_fraction: float | None = None
+    generation_timeout_s: float | None = None
+    rollout_timeout_s: float | None = None
+    isolate_envs: bool = False
+    env_step_timeout_s: float | None = None
+    env_reset_timeout_s: float | None = None
+    close_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         _check_positive("max_turns", self.max_turns)
@@ -61,6 +82,30 @@ class RunnerConfig:
             _check_positive("max_input_length", self.max_input_length)
         if self.max_concurrency is not None:
             _check_positive("max_concurrency", self.max_concurrency)
+        for option in (
+            "generation_timeout_s",
+            "rollout_timeout_s",
+            "env_step_timeout_s",
+            "env_reset_timeout_s",
+        ):
+            _check_deadline(option, getattr(self, option))
+        _check_deadline("close_timeout_s", self.close_timeout_s)
+        if not self.isolate_envs and (self.env_step_timeout_s or self.env_reset_timeout_s):
+            raise UnsupportedConfigError(
+                "needs isolate_envs=True: a thread stuck in an env cannot be stopped, so a deadline "
+                "without a process to kill would not be a deadline",
+                option="env_step_timeout_s" if self.env_step_timeout_s else "env_reset_timeout_s",
+            )
+        if self.max_failed_fraction is not None:
+            if not 0 <= self.max_failed_fraction < 1:
+                raise UnsupportedConfigError(
+                    f"must be in [0, 1), got {self.max_failed_fraction}", option="max_failed_fraction"
+                )
+            if not self.skip_failed_rollouts:
+                raise UnsupportedConfigError(
+                    "needs skip_failed_rollouts=True: without it the first failure aborts the batch",
+                    option="max_failed_fraction",
+                )
         if self.temperature < 0:
             raise UnsupportedConfigError(f"must be >= 0, got {self.temperature}", option="temperature")
         if not 0 < self.top_p <= 1:
@@ -91,3 +136,10 @@ class RunnerConfig:
 def _check_positive(option: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UnsupportedConfigError(f"must be a positive integer, got {value!r}", option=option)
+
+
+def _check_deadline(option: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise UnsupportedConfigError(f"must be a number of seconds > 0 or None, got {value!r}", option=option)

@@ -8,14 +8,14 @@ The tree::
     │   ├── EnvStepError                step() raised (turn index, short action repr)
     │   ├── EnvCloseError               close() raised
     │   ├── EnvClosedError              used after close: "you closed it", not "it broke"
-    │   └── EnvTimeoutError             reset()/step() ran past its deadline
+    │   └── EnvTimeoutError             (also TimeoutError) reset()/step() ran past its deadline
     ├── EngineError                     an engine failed to serve a request
     │   ├── EngineClosedError           (also RuntimeError) used before start or after close
     │   ├── EngineDeadError             the engine (or every endpoint) died
     │   └── EngineRequestError          (also ValueError) the engine rejected the request as invalid
     ├── DependencyNotInstalledError     (also ImportError) an optional dependency is missing
     ├── RolloutError                    one rollout failed (index, phase, turn, elapsed)
-    │   └── RolloutTimeoutError         one rollout ran past its deadline
+    │   └── RolloutTimeoutError         (also TimeoutError) one rollout ran past its deadline
     ├── AllRolloutsFailedError          (also RuntimeError) every rollout of a batch failed
     ├── FailureBudgetExceededError      more rollouts failed than max_failed_fraction allows
     ├── UnsupportedConfigError          (also ValueError) a configuration that cannot work
@@ -133,7 +133,7 @@ class EnvClosedError(EnvError):
         super().__init__(f"cannot {operation}: the env is closed", env_id=env_id)
 
 
-class EnvTimeoutError(EnvError):
+class EnvTimeoutError(EnvError, TimeoutError):
     """Raised when ``reset()`` or ``step()`` ran past its deadline; the env was killed and is closed.
 
     Raise the deadline or fix the env; the rollout cannot continue with this env.
@@ -204,19 +204,31 @@ class RolloutError(GymResilienceError):
         super().__init__(f"rollout {rollout_index} failed in {phase}{at_turn} after {elapsed_s:.3f} s{tail}")
 
 
-class RolloutTimeoutError(RolloutError):
-    """Raised when one rollout ran past its deadline; its env was closed and its generation aborted."""
+class RolloutTimeoutError(RolloutError, TimeoutError):
+    """Raised when a rollout, or one generation of it (``what``), ran past its deadline.
+
+    Its generation was aborted in the engine and its env closed; a ``RetryPolicy`` retrying
+    ``TimeoutError`` reruns it.
+    """
 
     def __init__(
-        self, *, rollout_index: int, phase: Phase, turn: int | None, elapsed_s: float, timeout_s: float
+        self,
+        *,
+        rollout_index: int,
+        phase: Phase,
+        turn: int | None,
+        elapsed_s: float,
+        timeout_s: float,
+        what: str = "rollout",
     ) -> None:
         self.timeout_s = timeout_s
+        self.what = what
         super().__init__(
             rollout_index=rollout_index,
             phase=phase,
             turn=turn,
             elapsed_s=elapsed_s,
-            detail=f"exceeded its {timeout_s:g} s deadline",
+            detail=f"the {what} exceeded its {timeout_s:g} s deadline",
         )
 
 

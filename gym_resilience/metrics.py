@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gym_resilience.placeholders import FailedRollout
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory
@@ -18,11 +18,15 @@ def _total_reward(output: AnyTrajectory) -> float:
 
 
 def batch_metrics(
-    outputs: Sequence[AnyTrajectory | FailedRollout], *, elapsed_s: float, retries: int = 0
+    outputs: Sequence[AnyTrajectory | FailedRollout],
+    *,
+    elapsed_s: float,
+    attempts: Mapping[int, int] | None = None,
 ) -> dict[str, float]:
     """Metrics of one batch, before substitution: failures are still markers here.
 
     Completion times cover every rollout, failed ones included (their measured time until failure).
+    ``attempts`` maps a rollout's index to its attempts, for the rollouts that were retried.
     """
     failures = [o for o in outputs if isinstance(o, FailedRollout)]
     successes = [o for o in outputs if not isinstance(o, FailedRollout)]
@@ -43,6 +47,13 @@ def batch_metrics(
         metrics["e2e_time/min"] = min(times)
         metrics["e2e_time/max"] = max(times)
         metrics["e2e_time/median"] = statistics.median(times)
+    retried = {index: count for index, count in (attempts or {}).items() if count > 1}
+    if retried:
+        failed_indices = {f.rollout_index for f in failures}
+        metrics["retries"] = float(sum(count - 1 for count in retried.values()))
+        metrics["retries/rollouts"] = float(len(retried))
+        metrics["retries/succeeded"] = float(sum(1 for i in retried if i not in failed_indices))
+        metrics["retries/exhausted"] = float(sum(1 for i in retried if i in failed_indices))
     if successes:
         rewards = [_total_reward(o) for o in successes]
         metrics["reward/mean"] = statistics.fmean(rewards)

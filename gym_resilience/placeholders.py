@@ -36,6 +36,7 @@ class FailedRollout:
     phase: Phase
     turn: int | None
     elapsed_s: float
+    attempts: int = 1
 
     def describe(self) -> RolloutFailure:
         return RolloutFailure(

@@ -96,8 +96,19 @@ class RetryPolicy:
             )
 
     def is_retryable(self, error: BaseException) -> bool:
-        """Whether ``error`` is worth another attempt under this policy (attempts and time aside)."""
-        return isinstance(error, self.retry_on)
+        """Whether ``error`` is worth another attempt under this policy (attempts and time aside).
+
+        The ``__cause__`` chain counts: an env's ``ConnectionError`` arrives wrapped in an
+        ``EnvStepError``, and it is still a connection error.
+        """
+        seen: set[int] = set()
+        current: BaseException | None = error
+        while current is not None and id(current) not in seen:
+            if isinstance(current, self.retry_on):
+                return True
+            seen.add(id(current))
+            current = current.__cause__
+        return False
 
     def delay_s(self, attempt: int, jitter: float = 0.0) -> float:
         """The sleep after failed attempt ``attempt`` (1-based), for a jitter draw ``jitter`` in [0, 1].
@@ -115,11 +126,11 @@ class RetryPolicy:
 
         ``overrides`` go to tenacity as they are (``before_sleep=...`` to log retries, for instance).
         """
-        return tenacity.Retrying(**self._tenacity_kwargs(), sleep=self.sleep, **overrides)
+        return tenacity.Retrying(**{**self._tenacity_kwargs(), "sleep": self.sleep, **overrides})
 
     def async_retrying(self, **overrides: Any) -> tenacity.AsyncRetrying:
         """A tenacity ``AsyncRetrying`` for coroutines: ``await policy.async_retrying()(coro_fn, *args)``."""
-        return tenacity.AsyncRetrying(**self._tenacity_kwargs(), sleep=self.async_sleep, **overrides)
+        return tenacity.AsyncRetrying(**{**self._tenacity_kwargs(), "sleep": self.async_sleep, **overrides})
 
     def _tenacity_kwargs(self) -> dict[str, Any]:
         stop: tenacity.stop.stop_base = tenacity.stop_after_attempt(self.attempts)

@@ -14,10 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
+import tenacity
+
 from gym_resilience.agent_loop import ChatCodec, EnvFactory, Progress, run_agent_loop
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Sampling
-from gym_resilience.errors import AllRolloutsFailedError, UnsupportedConfigError
+from gym_resilience.errors import (
+    AllRolloutsFailedError,
+    FailureBudgetExceededError,
+    RolloutTimeoutError,
+    UnsupportedConfigError,
+)
 from gym_resilience.metrics import batch_metrics
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.tasks import Task
@@ -110,16 +117,17 @@ class BatchRunner:
             self._codec = ChatCodec(self.engine.tokenizer)
         codec = self._codec
         start = time.perf_counter()
+        attempts: dict[int, int] = {}
         executor = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="gym-resilience-env")
         try:
-            outcomes = await self._supervise(jobs, codec, executor)
+            outcomes = await self._supervise(jobs, codec, executor, attempts)
         finally:
-            # A thread stuck in a hung env must not block the event loop: do not wait for it.
-            executor.shutdown(wait=False, cancel_futures=True)
-        metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start)
+            # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
+            # closes still run (cancel_futures=False), so a stuck env is closed once its call returns.
+            executor.shutdown(wait=False)
+        metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=attempts)
         failures = [o for o in outcomes if isinstance(o, FailedRollout)]
-        if failures and len(failures) == len(outcomes):
-            raise AllRolloutsFailedError([f.exception for f in failures]) from failures[0].exception
+        check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
         trajectories = substitute_placeholders(
             outcomes,
             pad_token_id=codec.pad_token_id,
@@ -131,7 +139,7 @@ class BatchRunner:
         return BatchResult(trajectories=trajectories, output=output, metrics=metrics, failures=failures)
 
     async def _supervise(
-        self, jobs: list[_Job], codec: ChatCodec, executor: ThreadPoolExecutor
+        self, jobs: list[_Job], codec: ChatCodec, executor: ThreadPoolExecutor, attempts: dict[int, int]
     ) -> list[Outcome]:
         """Run every job; on the first failure that must propagate, cancel the rest, then raise it."""
         limit = self.config.max_concurrency
@@ -153,10 +161,11 @@ class BatchRunner:
             else:
                 return
             for sibling in tasks:
-                sibling.cancel()
+                if not sibling.done() and not sibling.cancelling():
+                    sibling.cancel()
 
         for job in jobs:
-            task = asyncio.create_task(self._rollout(job, codec, executor, gate))
+            task = asyncio.create_task(self._rollout(job, codec, executor, gate, attempts))
             task.add_done_callback(on_done)
             tasks.append(task)
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -170,11 +179,54 @@ class BatchRunner:
         codec: ChatCodec,
         executor: ThreadPoolExecutor,
         gate: AbstractAsyncContextManager[object],
+        attempts: dict[int, int],
     ) -> Outcome | _Fatal:
+        """One rollout with its retries; a contained failure becomes a ``FailedRollout``."""
         progress = Progress(rollout_index=job.index)
         try:
             async with gate:
-                progress.started = time.perf_counter()
+                first_start = time.perf_counter()
+                retrying = self._retrying(job, attempts)
+                async for attempt in retrying:
+                    with attempt:
+                        progress = Progress(rollout_index=job.index)
+                        return await self._attempt(job, codec, executor, progress)
+                raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
+        except Exception as exc:
+            if not self.config.skip_failed_rollouts:
+                raise
+            return FailedRollout(
+                exception=exc,
+                rollout_index=job.index,
+                trajectory_id=job.trajectory_id,
+                phase=progress.phase,
+                turn=progress.turn,
+                elapsed_s=time.perf_counter() - first_start,
+                attempts=attempts.get(job.index, 1),
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            return _Fatal(exc)
+
+    def _retrying(self, job: _Job, attempts: dict[int, int]) -> tenacity.AsyncRetrying:
+        """Tenacity's loop for one rollout: one attempt without a policy, else the policy's bounds."""
+        policy = self.config.retry
+        if policy is None:
+            return tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(1), reraise=True)
+
+        def count(state: tenacity.RetryCallState) -> None:
+            attempts[job.index] = state.attempt_number + 1
+
+        return policy.async_retrying(before_sleep=count)
+
+    async def _attempt(
+        self, job: _Job, codec: ChatCodec, executor: ThreadPoolExecutor, progress: Progress
+    ) -> AnyTrajectory:
+        """One attempt at a rollout, from a fresh env, under the rollout deadline."""
+        timeout_s = self.config.rollout_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
                 return await run_agent_loop(
                     engine=self.engine,
                     codec=codec,
@@ -187,21 +239,29 @@ class BatchRunner:
                     progress=progress,
                     reset_seed=None if self.config.seed is None else self.config.seed + job.index,
                 )
-        except Exception as exc:
-            if not self.config.skip_failed_rollouts:
+        except TimeoutError:
+            if not deadline.expired():
                 raise
-            return FailedRollout(
-                exception=exc,
+            raise RolloutTimeoutError(
                 rollout_index=job.index,
-                trajectory_id=job.trajectory_id,
                 phase=progress.phase,
                 turn=progress.turn,
                 elapsed_s=progress.elapsed(),
-            )
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            return _Fatal(exc)
+                timeout_s=timeout_s or 0.0,
+            ) from None
+
+
+def check_failures(failures: list[FailedRollout], *, total: int, max_failed_fraction: float | None) -> None:
+    """Raise when the batch carries no signal (every rollout failed) or more failures than budgeted."""
+    if not failures:
+        return
+    exceptions = [failure.exception for failure in failures]
+    if len(failures) == total:
+        raise AllRolloutsFailedError(exceptions) from exceptions[0]
+    if max_failed_fraction is not None and len(failures) > max_failed_fraction * total:
+        raise FailureBudgetExceededError(
+            exceptions, total=total, max_failed_fraction=max_failed_fraction
+        ) from exceptions[0]
 
 
 def post_process(output: BatchOutput, config: RunnerConfig) -> None:

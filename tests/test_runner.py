@@ -1,4 +1,4 @@
-"""BatchRunner logic on the scripted engine (fast); the same behaviours on real vLLM are in test_runner_vllm.py."""
+"""BatchRunner logic on the scripted engine (fast); real-vLLM versions are in test_runner_vllm.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from gym_resilience import (
     AllRolloutsFailedError,
     BatchRunner,
     EnvStepError,
+    FailureBudgetExceededError,
     OutputValidationWarning,
+    RetryPolicy,
+    RolloutTimeoutError,
     RunnerConfig,
     StepWiseTrajectory,
     Trajectory,
@@ -230,3 +233,98 @@ async def test_duplicate_instance_ids_are_rejected_naming_them() -> None:
     runner = BatchRunner(ScriptedEngine(), factory(EnvLedger()), RunnerConfig())
     with pytest.raises(UnsupportedConfigError, match=r"repeated: \['t0'\]"):
         await runner.generate(tasks(2) + tasks(1))
+
+
+def flaky_once(instance_id: str, *, turn: int = 1, exc: type[Exception] = ConnectionError):
+    """Fails the first attempt of one task at ``turn``, then lets every later attempt through."""
+    fired: list[bool] = []
+
+    def fault(phase: str, task_id: str, t: int) -> None:
+        if phase == "step" and task_id == instance_id and t == turn and not fired:
+            fired.append(True)
+            raise exc("blip")
+
+    return fault
+
+
+FAST_RETRY = RetryPolicy(attempts=3, initial_delay_s=0.0, max_delay_s=0.0, jitter_s=0.0)
+
+
+async def test_a_transient_failure_is_retried_with_a_fresh_env_and_equals_the_fault_free_rollout() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, retry=FAST_RETRY)
+    clean = await run(config, EnvLedger(), n=4)
+    ledger = EnvLedger()
+    result = await run(config, ledger, flaky_once("t2"), n=4)
+    assert not result.failures
+    assert [without_timings(t) for t in result.trajectories] == [
+        without_timings(t) for t in clean.trajectories
+    ]
+    assert ledger.created == 5 and ledger.open_envs() == 0
+    assert result.metrics["retries"] == 1.0 and result.metrics["retries/succeeded"] == 1.0
+
+
+async def test_exhausted_retries_become_a_placeholder_and_count_as_exhausted() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, retry=FAST_RETRY)
+    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0, exc=ConnectionError), n=3)
+    assert result.failures[0].attempts == 3 and result.trajectories[0].is_placeholder
+    assert result.metrics["retries"] == 2.0 and result.metrics["retries/exhausted"] == 1.0
+
+
+async def test_a_non_transient_failure_is_not_retried() -> None:
+    ledger = EnvLedger()
+    config = RunnerConfig(skip_failed_rollouts=True, retry=FAST_RETRY)
+    result = await run(config, ledger, fail_on({"t0"}, turn=0, exc=ValueError), n=2)
+    assert result.failures[0].attempts == 1 and ledger.created == 2 and "retries" not in result.metrics
+
+
+async def test_a_generation_past_its_deadline_is_aborted_and_becomes_a_placeholder() -> None:
+    from gym_resilience.engines.scripted import echo_script
+
+    async def stuck_on_first_call(prompt_ids, sampling, call_index):
+        if call_index == 0:
+            await asyncio.sleep(3600)
+        return echo_script(prompt_ids, sampling, call_index)
+
+    engine = ScriptedEngine(script=stuck_on_first_call)
+    config = RunnerConfig(skip_failed_rollouts=True, generation_timeout_s=0.2)
+    result = await run(config, EnvLedger(), engine=engine, n=3)
+    failure = result.failures[0]
+    assert isinstance(failure.exception, RolloutTimeoutError) and failure.phase == "generate"
+    assert str(failure.exception) == (
+        f"rollout 0 failed in generate at turn 0 after {failure.exception.elapsed_s:.3f} s: "
+        "the generation exceeded its 0.2 s deadline"
+    )
+    assert engine.cancelled == 1
+
+
+async def test_a_rollout_past_its_deadline_raises_rollout_timeout_error_and_closes_its_env() -> None:
+    def slow_step(phase: str, instance_id: str, turn: int) -> None:
+        if phase == "step" and instance_id == "t1":
+            time.sleep(0.3)
+
+    ledger = EnvLedger()
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, rollout_timeout_s=0.15)
+    result = await run(config, ledger, slow_step, n=3)
+    assert isinstance(result.failures[0].exception, RolloutTimeoutError)
+    assert result.failures[0].phase == "step"
+    assert ledger.open_envs() == 0
+
+
+async def test_more_failures_than_the_budget_raise_with_every_failure_attached() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_failed_fraction=0.25)
+    with pytest.raises(FailureBudgetExceededError) as info:
+        await run(config, EnvLedger(), fail_on({"t0", "t3", "t5"}, turn=0), n=8)
+    assert len(info.value.exceptions) == 3 and info.value.total == 8
+    assert str(info.value) == "3 of 8 rollouts failed, over the budget of 25%"
+    within = await run(config, EnvLedger(), fail_on({"t0", "t3"}, turn=0), n=8)
+    assert len(within.failures) == 2
+
+
+def test_env_deadlines_without_isolation_are_rejected() -> None:
+    with pytest.raises(UnsupportedConfigError, match="^env_step_timeout_s: needs isolate_envs=True"):
+        RunnerConfig(env_step_timeout_s=1.0)
+
+
+def test_a_failure_budget_without_skip_failed_rollouts_is_rejected() -> None:
+    with pytest.raises(UnsupportedConfigError, match="^max_failed_fraction: needs skip_failed_rollouts"):
+        RunnerConfig(max_failed_fraction=0.5)
