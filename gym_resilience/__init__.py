@@ -1,5 +1,11 @@
 """gym_resilience: keep RL rollout pipelines for LLM agents alive when environments and inference fail."""
 
+from gym_resilience.advantages import (
+    FailedGroupPolicy,
+    GroupAdvantages,
+    GroupStats,
+    group_relative_advantages,
+)
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
@@ -44,7 +50,10 @@ __all__ = [
     "EnvResetError",
     "EnvStepError",
     "EnvTimeoutError",
+    "FailedGroupPolicy",
     "FailureBudgetExceededError",
+    "GroupAdvantages",
+    "GroupStats",
     "GymResilienceError",
     "OutputValidationError",
     "OutputValidationWarning",
@@ -61,5 +70,6 @@ __all__ = [
     "TrajectoryId",
     "UnsupportedConfigError",
     "build_batch_output",
+    "group_relative_advantages",
     "validate_batch_output",
 ]
