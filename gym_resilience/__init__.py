@@ -6,6 +6,7 @@ from gym_resilience.advantages import (
     GroupStats,
     group_relative_advantages,
 )
+from gym_resilience.agent_loop import Progress, current_rollout
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
@@ -57,6 +58,7 @@ __all__ = [
     "GymResilienceError",
     "OutputValidationError",
     "OutputValidationWarning",
+    "Progress",
     "ResilientEnv",
     "RetryPolicy",
     "RolloutError",
@@ -70,6 +72,7 @@ __all__ = [
     "TrajectoryId",
     "UnsupportedConfigError",
     "build_batch_output",
+    "current_rollout",
     "group_relative_advantages",
     "validate_batch_output",
 ]

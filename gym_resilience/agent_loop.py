@@ -7,6 +7,7 @@ call at a time per env, and closed in ``finally`` on every exit path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 import time
@@ -24,7 +25,7 @@ from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError
 from gym_resilience.tasks import ChatMessage, Task
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory, TrajectoryId
 
-__all__ = ["ChatCodec", "EnvFactory", "Progress", "run_agent_loop"]
+__all__ = ["ChatCodec", "EnvFactory", "Progress", "current_rollout", "run_agent_loop"]
 
 EnvFactory = Callable[[Task], gymnasium.Env[Any, Any]]
 """``env_factory(task)`` builds the env of one rollout."""
@@ -95,9 +96,13 @@ def as_messages(observation: object) -> list[ChatMessage]:
 
 @dataclass
 class Progress:
-    """Where a rollout is, so a failure can say so: phase, turn, and time spent per side."""
+    """Where a rollout is, so a failure can say so: phase, turn, and time spent per side.
+
+    ``attempt`` counts from 0; a retried rollout starts again with a fresh ``Progress``.
+    """
 
     rollout_index: int
+    attempt: int = 0
     phase: Phase = "reset"
     turn: int | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -106,6 +111,20 @@ class Progress:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+_CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
+    "gym_resilience_rollout", default=None
+)
+
+
+def current_rollout() -> Progress | None:
+    """The rollout the calling code runs in (index, attempt, phase, turn), or None outside one.
+
+    Set for the engine call and for every env call of a rollout (they run in its context), so an env,
+    an engine wrapper or a log line can tell which rollout it serves.
+    """
+    return _CURRENT.get()
 
 
 class EnvCalls:
@@ -128,8 +147,9 @@ class EnvCalls:
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         try:
+            context = contextvars.copy_context()
             return await loop.run_in_executor(
-                self._executor, functools.partial(self._locked, fn, *args, **kwargs)
+                self._executor, functools.partial(context.run, self._locked, fn, *args, **kwargs)
             )
         finally:
             self._progress.env_s += time.perf_counter() - start
@@ -191,6 +211,7 @@ async def run_agent_loop(
     reset_seed: int | None,
 ) -> AnyTrajectory:
     """Run one rollout to its end and return its trajectory; the env is closed on every path."""
+    _CURRENT.set(progress)
     call = EnvCalls(executor, progress)
     progress.phase = "reset"
     env = await _create_env(call, env_factory, task, config)

@@ -189,7 +189,8 @@ class BatchRunner:
                 retrying = self._retrying(job, attempts)
                 async for attempt in retrying:
                     with attempt:
-                        progress = Progress(rollout_index=job.index)
+                        number = attempt.retry_state.attempt_number - 1
+                        progress = Progress(rollout_index=job.index, attempt=number)
                         return await self._attempt(job, codec, executor, progress)
                 raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
         except Exception as exc:

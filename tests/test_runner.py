@@ -328,3 +328,31 @@ def test_env_deadlines_without_isolation_are_rejected() -> None:
 def test_a_failure_budget_without_skip_failed_rollouts_is_rejected() -> None:
     with pytest.raises(UnsupportedConfigError, match="^max_failed_fraction: needs skip_failed_rollouts"):
         RunnerConfig(max_failed_fraction=0.5)
+
+
+async def test_engine_and_env_calls_can_tell_which_rollout_they_serve() -> None:
+    from gym_resilience import current_rollout
+    from gym_resilience.engines.scripted import echo_script
+
+    seen: list[tuple[str, int, int, int | None]] = []
+
+    def engine_side(prompt_ids, sampling, call_index):
+        rollout = current_rollout()
+        assert rollout is not None
+        seen.append(("generate", rollout.rollout_index, rollout.attempt, rollout.turn))
+        return echo_script(prompt_ids, sampling, call_index)
+
+    def env_side(phase: str, instance_id: str, turn: int) -> None:
+        rollout = current_rollout()
+        assert rollout is not None
+        seen.append((phase, rollout.rollout_index, rollout.attempt, rollout.turn))
+
+    await run(
+        RunnerConfig(max_turns=2), EnvLedger(), env_side, n=2, engine=ScriptedEngine(script=engine_side)
+    )
+    assert sorted(seen) == sorted(
+        (phase, index, 0, turn)
+        for index in (0, 1)
+        for phase, turn in [("reset", None), ("generate", 0), ("step", 0), ("generate", 1), ("step", 1)]
+    )
+    assert current_rollout() is None
