@@ -216,7 +216,11 @@ async def run_agent_loop(
     progress.phase = "reset"
     env = await _create_env(call, env_factory, task, config)
     try:
-        messages, _ = await call(env.reset, seed=reset_seed, options={"task": task})
+        messages, _ = await call(
+            env.reset,
+            seed=reset_seed,
+            options={"task": task, "rollout_index": progress.rollout_index, "attempt": progress.attempt},
+        )
         result = await _turns(engine, codec, env, call, trajectory_id, config, sampling, progress, messages)
     except BaseException as exc:
         await _close_after_failure(env, call, exc, config.close_timeout_s)

@@ -1,0 +1,119 @@
+"""What a chaos run observed: plain records the reports (terminal, JSON journal, JUnit, timelines) read.
+
+Times are seconds: ``*_s`` fields are measurements and are the only fields that differ between two
+runs of the same suite (the journal's determinism check ignores them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "FaultFiring",
+    "ProbeResult",
+    "RolloutSpan",
+    "RunJournal",
+    "ScenarioResult",
+    "Status",
+    "TurnSpan",
+]
+
+Status = Literal["held", "deviated", "invalid", "error"]
+"""held: every probe and the expected outcome held; deviated: one did not; invalid: the file is not a
+valid scenario; error: the harness itself failed to run it (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultFiring:
+    """One time a fault hit: which fault (its index in the file), where, and when in the faulted run."""
+
+    fault: int
+    kind: str
+    target: str
+    rollout: int | None
+    attempt: int | None
+    turn: int | None
+    detail: str
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One probe: observed against expected (``describe()`` of the tolerance) and whether it held."""
+
+    probe: str
+    expected: str
+    observed: Any
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSpan:
+    """One engine call or env call of a rollout in the faulted run, as offsets from the run's start."""
+
+    kind: Literal["generate", "reset", "step", "close"]
+    turn: int | None
+    attempt: int
+    start_s: float
+    end_s: float
+    failed: bool
+
+
+@dataclass(slots=True)
+class RolloutSpan:
+    """One rollout of the faulted run: its calls, whether a placeholder stands in for it, its error."""
+
+    index: int
+    spans: list[TurnSpan] = field(default_factory=list)
+    placeholder: bool = False
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class ScenarioResult:
+    """The outcome of one scenario file."""
+
+    file: str
+    title: str
+    status: Status
+    probes: list[ProbeResult] = field(default_factory=list)
+    firings: list[FaultFiring] = field(default_factory=list)
+    rollouts: list[RolloutSpan] = field(default_factory=list)
+    outcome: str = ""
+    message: str = ""
+    baseline_s: float = 0.0
+    faulted_s: float = 0.0
+
+    def deviations(self) -> list[ProbeResult]:
+        return [probe for probe in self.probes if not probe.held]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class RunJournal:
+    """One ``chaos run``: its settings and every scenario's result, in file order."""
+
+    device: str
+    scenarios: list[ScenarioResult] = field(default_factory=list)
+    started_at: str = ""
+    total_s: float = 0.0
+
+    @property
+    def status(self) -> Status:
+        statuses = {result.status for result in self.scenarios}
+        for status in ("invalid", "error", "deviated"):
+            if status in statuses:
+                return status  # type: ignore[return-value]
+        return "held"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "device": self.device,
+            "started_at": self.started_at,
+            "total_s": self.total_s,
+            "scenarios": [result.to_json() for result in self.scenarios],
+        }
