@@ -17,12 +17,14 @@ from gym_resilience.errors import (
     EnvResetError,
     EnvStepError,
     EnvTimeoutError,
+    EnvWorkerDiedError,
     FailureBudgetExceededError,
     GymResilienceError,
     OutputValidationError,
     RolloutError,
     RolloutTimeoutError,
     ScenarioError,
+    UnpicklableEnvError,
     UnsupportedConfigError,
 )
 from gym_resilience.retry import RetryPolicy
@@ -30,18 +32,21 @@ from gym_resilience.runner import BatchResult, BatchRunner
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     ROLLOUT_ERROR_STOP_REASON,
+    AnyTrajectory,
     BatchOutput,
     RolloutFailure,
     StepWiseTrajectory,
     Trajectory,
     TrajectoryId,
     build_batch_output,
+    without_timings,
 )
 from gym_resilience.validation import OutputValidationWarning, validate_batch_output
 
 __all__ = [
     "ROLLOUT_ERROR_STOP_REASON",
     "AllRolloutsFailedError",
+    "AnyTrajectory",
     "BatchOutput",
     "BatchResult",
     "BatchRunner",
@@ -51,6 +56,7 @@ __all__ = [
     "EnvResetError",
     "EnvStepError",
     "EnvTimeoutError",
+    "EnvWorkerDiedError",
     "FailedGroupPolicy",
     "FailureBudgetExceededError",
     "GroupAdvantages",
@@ -70,9 +76,11 @@ __all__ = [
     "Task",
     "Trajectory",
     "TrajectoryId",
+    "UnpicklableEnvError",
     "UnsupportedConfigError",
     "build_batch_output",
     "current_rollout",
     "group_relative_advantages",
     "validate_batch_output",
+    "without_timings",
 ]

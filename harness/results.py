@@ -72,7 +72,7 @@ class RolloutSpan:
 
 @dataclass(slots=True)
 class ScenarioResult:
-    """The outcome of one scenario file."""
+    """The outcome of one scenario file; ``spec`` is the scenario as run (``chaos record`` reads it)."""
 
     file: str
     title: str
@@ -84,6 +84,7 @@ class ScenarioResult:
     message: str = ""
     baseline_s: float = 0.0
     faulted_s: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)
 
     def deviations(self) -> list[ProbeResult]:
         return [probe for probe in self.probes if not probe.held]
@@ -104,10 +105,8 @@ class RunJournal:
     @property
     def status(self) -> Status:
         statuses = {result.status for result in self.scenarios}
-        for status in ("invalid", "error", "deviated"):
-            if status in statuses:
-                return status  # type: ignore[return-value]
-        return "held"
+        worst: tuple[Status, ...] = ("invalid", "error", "deviated")
+        return next((status for status in worst if status in statuses), "held")
 
     def to_json(self) -> dict[str, Any]:
         return {

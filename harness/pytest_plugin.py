@@ -1,0 +1,86 @@
+"""A pytest plugin: ``pytest scenarios/`` collects each scenario YAML file as one test item.
+
+Items of a session share one event loop and one ``Bench`` (the vLLM engines), closed when the session
+ends. ``--chaos-device cuda`` runs vLLM on a GPU. Only YAML files inside a folder named ``scenarios``
+are collected, so the plugin stays out of every other test run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["ScenarioItem"]
+
+_BENCH = pytest.StashKey[tuple[asyncio.Runner, Any]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gym_resilience chaos")
+    group.addoption(
+        "--chaos-device", choices=("cpu", "cuda"), default="cpu", help="where vLLM runs for scenario items"
+    )
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix in (".yaml", ".yml") and "scenarios" in file_path.parent.parts:
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+def _bench(config: pytest.Config) -> tuple[asyncio.Runner, Any]:
+    if _BENCH not in config.stash:
+        from harness.replay import Bench
+
+        runner = asyncio.Runner()
+        config.stash[_BENCH] = (runner, Bench(device=config.getoption("--chaos-device")))
+    return config.stash[_BENCH]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _BENCH in config.stash:
+        runner, bench = config.stash[_BENCH]
+        try:
+            runner.run(bench.aclose())
+        finally:
+            runner.close()
+
+
+class ScenarioFile(pytest.File):
+    def collect(self) -> list[pytest.Item]:
+        return [ScenarioItem.from_parent(self, name=self.path.stem)]
+
+
+class ScenarioFailed(Exception):
+    """Raised (inside pytest only) when a scenario deviated, was invalid, or could not run."""
+
+
+class ScenarioItem(pytest.Item):
+    def runtest(self) -> None:
+        from harness.loader import load_scenario
+        from harness.replay import run_scenario
+
+        scenario = load_scenario(self.path)
+        runner, bench = _bench(self.config)
+        result = runner.run(run_scenario(self.path, scenario, bench))
+        if result.status != "held":
+            lines = [f"{result.status}: {result.title}"]
+            if result.message:
+                lines.append(result.message)
+            lines += [
+                f"probe {p.probe}: observed {p.observed!r}, expected {p.expected}" for p in result.deviations()
+            ]
+            raise ScenarioFailed("\n".join(lines))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        from gym_resilience import ScenarioError
+
+        if isinstance(excinfo.value, ScenarioFailed | ScenarioError):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"scenario: {self.path.name}"

@@ -1,0 +1,167 @@
+"""The JSON journal of a chaos run: written, read back, and reduced to what two runs must share.
+
+The journal is ``RunJournal.to_json()`` with sorted keys, so a diff of two journals shows what changed
+and nothing else. ``comparable_journal`` drops the measurements (every ``*_s`` field, ``started_at``,
+and the observed value of timing probes such as ``wall_time_ratio``): running a suite twice must give
+equal comparable journals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_args
+
+from harness.results import (
+    FaultFiring,
+    ProbeResult,
+    RolloutSpan,
+    RunJournal,
+    ScenarioResult,
+    Status,
+    TurnSpan,
+)
+
+__all__ = ["comparable_journal", "journal_from_json", "load_journal", "write_journal"]
+
+STATUSES = get_args(Status)
+
+MEASURED_PROBES = frozenset({"wall_time_ratio"})
+"""Probes whose observed value is a measurement: it differs between runs, only ``held`` must not."""
+
+
+def write_journal(journal: RunJournal, path: str | os.PathLike[str]) -> Path:
+    """Writes ``journal`` as JSON (indent 2, sorted keys) to ``path`` and returns the path.
+
+    The file is replaced in one step, so a run interrupted while writing leaves the previous journal
+    rather than half of a new one. An observed value JSON cannot hold (a numpy scalar, a set) is
+    written as the nearest JSON value rather than losing the whole journal at the end of a run.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(journal.to_json(), indent=2, sort_keys=True, default=_to_json_value) + "\n"
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def load_journal(path: str | os.PathLike[str]) -> RunJournal:
+    """Reads a journal ``write_journal`` wrote.
+
+    Raises:
+        ValueError: the file is not JSON or not a journal; the message names the file and the field.
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a chaos journal: invalid JSON: {exc}") from exc
+    try:
+        return journal_from_json(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def journal_from_json(data: Any) -> RunJournal:
+    """The ``RunJournal`` that ``RunJournal.to_json()`` produced ``data`` from (its ``status`` is derived).
+
+    Raises:
+        ValueError: ``data`` is not a journal; the message names the field.
+    """
+    where = "journal"
+    try:
+        _expect_mapping(data)
+        scenarios = []
+        for number, item in enumerate(data["scenarios"]):
+            where = f"scenarios[{number}]"
+            _expect_mapping(item)
+            fields = dict(item)
+            where = f"scenarios[{number}].probes"
+            fields["probes"] = [ProbeResult(**probe) for probe in fields.get("probes", [])]
+            where = f"scenarios[{number}].firings"
+            fields["firings"] = [FaultFiring(**firing) for firing in fields.get("firings", [])]
+            where = f"scenarios[{number}].rollouts"
+            fields["rollouts"] = [_rollout(rollout) for rollout in fields.get("rollouts", [])]
+            where = f"scenarios[{number}]"
+            if fields.get("status") not in STATUSES:
+                raise TypeError(f"status must be one of {', '.join(STATUSES)}, got {fields.get('status')!r}")
+            scenarios.append(ScenarioResult(**fields))
+        where = "journal"
+        return RunJournal(
+            device=data["device"],
+            scenarios=scenarios,
+            started_at=data.get("started_at", ""),
+            total_s=data.get("total_s", 0.0),
+        )
+    except KeyError as exc:
+        raise ValueError(f"not a chaos journal: {where}: missing field {exc.args[0]!r}") from exc
+    except TypeError as exc:  # an unknown or missing keyword, or a list where a record should be
+        raise ValueError(f"not a chaos journal: {where}: {exc}") from exc
+
+
+def comparable_journal(data: RunJournal | Mapping[str, Any]) -> dict[str, Any]:
+    """The journal without what is measured, so two runs of one suite can be compared with ``==``.
+
+    Drops every key ending in ``_s`` and ``started_at`` (outside a scenario's ``spec``, whose
+    ``delay_s`` and ``latency_s`` are settings), the observed value of measured probes
+    (``wall_time_ratio`` and any probe named ``*_s``; whether it held stays), and orders each
+    scenario's fault firings by what they hit rather than when, since concurrent rollouts reach their
+    faults in a different order from run to run. Accepts a ``RunJournal`` or its JSON (loaded or not).
+    """
+    raw = data.to_json() if isinstance(data, RunJournal) else data
+    # Through JSON and back: tuples and lists, or a numpy scalar and its float, then compare equal.
+    plain = json.loads(json.dumps(raw, sort_keys=True, default=_to_json_value))
+    reduced = _drop_measured(plain)
+    if not isinstance(reduced, dict):
+        raise ValueError("not a chaos journal: expected a JSON object at the top")
+    for scenario in reduced.get("scenarios", []):
+        for probe in scenario.get("probes", []):
+            name = str(probe.get("probe", ""))
+            if name in MEASURED_PROBES or name.endswith("_s"):
+                probe.pop("observed", None)
+        if "firings" in scenario:
+            scenario["firings"] = sorted(
+                scenario["firings"], key=lambda item: json.dumps(item, sort_keys=True)
+            )
+    if not isinstance(reduced, dict):
+        raise ValueError("not a chaos journal: expected a JSON object at the top")
+    return reduced
+
+
+def _drop_measured(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            # A scenario's spec holds settings (delay_s, latency_s), not measurements: kept whole.
+            key: item if key == "spec" else _drop_measured(item)
+            for key, item in value.items()
+            if key == "spec" or not (key.endswith("_s") or key == "started_at")
+        }
+    if isinstance(value, list):
+        return [_drop_measured(item) for item in value]
+    return value
+
+
+def _rollout(data: Any) -> RolloutSpan:
+    _expect_mapping(data)
+    fields = dict(data)
+    fields["spans"] = [TurnSpan(**span) for span in fields.get("spans", [])]
+    return RolloutSpan(**fields)
+
+
+def _expect_mapping(value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+
+
+def _to_json_value(value: Any) -> Any:
+    for method in ("tolist", "item"):  # numpy arrays and scalars, torch tensors
+        convert = getattr(value, method, None)
+        if callable(convert):
+            return convert()
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    return repr(value)
