@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "PROBES",
@@ -169,7 +169,7 @@ class Probe(_Model):
 
     @model_validator(mode="after")
     def _one_known_probe_one_tolerance(self) -> Probe:
-        if self.probe not in PROBES and not self.probe.startswith("metrics."):
+        if self.probe not in PROBES and not (self.probe.startswith("metrics.") and self.probe != "metrics."):
             known = ", ".join(sorted(PROBES))
             raise ValueError(f"unknown probe {self.probe!r}; expected one of {known}, or metrics.<key>")
         given = [name for name in ("eq", "lte", "gte", "range", "is_") if getattr(self, name) is not None]
@@ -230,10 +230,12 @@ class Scenario(_Model):
     expect: Expect = Expect()
     probes: list[Probe] = []
 
-    @model_validator(mode="after")
-    def _pipeline_is_an_import_path(self) -> Scenario:
-        if self.pipeline is not None:
-            module, _, function = self.pipeline.partition(":")
+    # A field validator, not a model validator, so that the error names the field: ``pipeline``.
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_is_an_import_path(cls, pipeline: str | None) -> str | None:
+        if pipeline is not None:
+            module, _, function = pipeline.partition(":")
             if not module or not function:
-                raise ValueError(f"pipeline must be 'module:function', got {self.pipeline!r}")
-        return self
+                raise ValueError(f"pipeline must be 'module:function', got {pipeline!r}")
+        return pipeline

@@ -1,0 +1,781 @@
+"""Scenario files: valid ones load into typed models; each invalid one gets one exact, located error."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gym_resilience import EnvStepError, RetryPolicy, RunnerConfig, ScenarioError
+from gym_resilience.errors import EngineDeadError
+from harness.loader import (
+    load_scenario,
+    load_scenarios,
+    parse_scenario,
+    resolve_exception,
+    runner_config,
+    scenario_files,
+)
+from harness.spec import (
+    PROBES,
+    BatchSpec,
+    ConnectionTargeting,
+    EngineFault,
+    EngineSpec,
+    EnvFault,
+    Expect,
+    NetworkFault,
+    Probe,
+    Scenario,
+    Targeting,
+)
+
+INVALID_DIR = Path(__file__).parent / "invalid_scenarios"
+README = Path(__file__).parent.parent / "scenarios" / "README.md"
+
+# Every file in invalid_scenarios/ and the exact message after its path: a file without an entry fails.
+EXPECTED_ERRORS = {
+    "duplicate_field.yaml": ":7 at faults: duplicate field 'faults' (first given on line 3)",
+    "empty.yaml": ": the file is empty; expected a mapping of scenario fields (title, faults, probes, ...)",
+    "expect_raises_without_error.yaml": (
+        ":6 at expect: outcome 'raises' needs the expected error type in 'error'"
+    ),
+    "first_problem_in_file_order.yaml": ":7 at probes[1].gte: expected a number, got 'many'",
+    "hang_without_deadline.yaml": (
+        ":8 at faults[0].kind: a hang in step needs runner.isolate_envs: true and "
+        "runner.env_step_timeout_s set: only a deadline that kills the env's process stops a hung call, "
+        "and without one the run would hang"
+    ),
+    "kill_server_out_of_range.yaml": (
+        ":9 at faults[0].server: server 2 does not exist: engine.servers is 2 (servers are numbered from 0)"
+    ),
+    "kill_without_served_engine.yaml": (
+        ":7 at faults[0].kind: a kill fault needs a served engine (engine.kind: served): it SIGKILLs a "
+        "vllm serve process, and engine.kind is 'vllm'"
+    ),
+    "missing_fault_target.yaml": (
+        ":4 at faults[0].target: missing required field 'target'; expected one of 'env', 'engine', 'network'"
+    ),
+    "missing_title.yaml": ":2 at title: missing required field 'title'",
+    "no_tolerance.yaml": (
+        ":4 at probes[0]: probe 'envs_unclosed' needs exactly one tolerance of eq, lte, gte, range, is; got 0"
+    ),
+    "pipeline_not_importable.yaml": (
+        ":3 at pipeline: cannot import module 'no_such_package.rollouts': No module named 'no_such_package'"
+    ),
+    "range_low_above_high.yaml": (
+        ":4 at probes[0]: range must be [low, high] with low <= high, got [3.0, 1.0]"
+    ),
+    "retry_on_base_exception.yaml": (
+        ":7 at runner.retry.retry_on[1]: 'KeyboardInterrupt' cannot be retried: retry_on takes Exception "
+        "subclasses, and cancellation and KeyboardInterrupt always propagate"
+    ),
+    "rollout_never_happens.yaml": (
+        ":11 at faults[0].when.rollouts[1]: rollout 8 never happens: the batch has 8 rollouts "
+        "(batch.tasks 4 x runner.n_samples_per_prompt 2), numbered from 0"
+    ),
+    "runner_wrong_type.yaml": ":5 at runner.max_turns: expected an integer, got 'three'",
+    "tool_link_without_tool_env.yaml": (
+        ":8 at faults[0].link: link 'tool' needs batch.env: tool_use: only that env talks to a tool "
+        "server, and batch.env is 'word_game'"
+    ),
+    "top_level_list.yaml": (
+        ":2: expected a mapping of scenario fields (title, faults, probes, ...) at the top level, got a list"
+    ),
+    "two_tolerances.yaml": (
+        ":6 at probes[1]: probe 'failed' needs exactly one tolerance of eq, lte, gte, range, is; got 2"
+    ),
+    "unknown_exception.yaml": (
+        ":6 at faults[0].exception: unknown exception 'Foo': expected a built-in exception, "
+        "a gym_resilience error, or module:Name"
+    ),
+    "unknown_expect_error.yaml": (
+        ":9 at expect.error: unknown exception 'ConectionError': expected a built-in exception, "
+        "a gym_resilience error, or module:Name; did you mean 'ConnectionError'?"
+    ),
+    "unknown_fault_kind.yaml": (
+        ":6 at faults[0].kind: expected one of 'raise', 'delay', 'hang', 'interrupt', 'bad_output', "
+        "got 'explode'"
+    ),
+    "unknown_fault_target.yaml": (
+        ":6 at faults[1].target: expected one of 'env', 'engine', 'network', got 'disk'"
+    ),
+    "unknown_probe.yaml": (
+        ":6 at probes[1]: unknown probe 'envs_leaked'; expected one of batch_size, envs_unclosed, "
+        "error_type, failed, failovers, faults_fired, identical_to_baseline, logprobs_per_token, "
+        "masked_groups, placeholders, retries, retries_succeeded, token_level_rewards, validator_passes, "
+        "wall_time_ratio, or metrics.<key>"
+    ),
+    "unknown_runner_option.yaml": (
+        ":4 at runner.max_turn: unknown field 'max_turn'; did you mean 'max_turns'?"
+    ),
+    "unknown_top_level_field.yaml": ":3 at fualts: unknown field 'fualts'; did you mean 'faults'?",
+    "unsupported_runner_config.yaml": (
+        ":5 at runner.skip_failed_rollouts: cannot be combined with batched=True: the batched single-turn "
+        "path has no agent loop, so the flag would silently do nothing"
+    ),
+    "wrong_type_string_for_int.yaml": ":5 at batch.tasks: expected an integer in [1, 512], got 'three'",
+    "yaml_syntax_error.yaml": ":6: invalid YAML: mapping values are not allowed here",
+}
+
+INVALID_FILES = sorted(path.name for path in INVALID_DIR.glob("*.yaml"))
+
+IN_PROCESS_SCENARIO = """\
+title: every env and in-process engine fault
+description: one of each kind
+tags: [env, engine]
+seed: 3
+batch: {env: word_game, tasks: 4, seed: 11}
+engine: {kind: vllm, max_model_len: 256}
+runner:
+  skip_failed_rollouts: true
+  max_turns: 3
+  temperature: 0
+  isolate_envs: true
+  env_step_timeout_s: 2
+  env_reset_timeout_s: 2.5
+  max_failed_fraction: 0.75
+  retry:
+    attempts: 2
+    total_delay_s: null
+    retry_on: [ConnectionError, EnvStepError, 'asyncio:TimeoutError']
+faults:
+  - {target: env, kind: raise, method: reset, exception: ConnectionResetError, when: {rollouts: [0]}}
+  - {target: env, kind: delay, delay_s: 0.2, when: {turns: [1, 2], probability: 0.5}}
+  - {target: env, kind: hang, method: reset, when: {rollouts: [1], attempts: [1]}}
+  - {target: env, kind: hang, method: step, when: {nth_call: [0]}}
+  - {target: env, kind: interrupt, method: close, when: {rollouts: [3]}}
+  - {target: env, kind: bad_output, method: step, when: {rollouts: [2], turns: [2]}}
+  - {target: engine, kind: raise, exception: EngineDeadError, message: engine died}
+  - {target: engine, kind: delay, delay_s: 1.5}
+  - {target: engine, kind: abort, when: {turns: [0]}}
+expect: {outcome: raises, error: KeyboardInterrupt}
+probes:
+  - {probe: batch_size, eq: 4}
+  - {probe: failed, lte: 3}
+  - {probe: retries, gte: 0}
+  - {probe: wall_time_ratio, range: [0.5, 40]}
+  - {probe: validator_passes, is: true}
+  - {probe: error_type, eq: KeyboardInterrupt}
+  - {probe: metrics.rollout_errors/type/EnvTimeoutError, gte: 1}
+"""
+
+SERVED_SCENARIO = """\
+title: served engine and tool network faults
+batch:
+  env: tool_use
+  tasks: 2
+engine:
+  kind: served
+  servers: 2
+faults:
+  - target: engine
+    kind: kill
+    server: 1
+    after_requests: 3
+  - target: network
+    kind: reset_peer
+    link: engine
+    when:
+      nth_connection: [0, 2]
+  - target: network
+    kind: latency
+    link: tool
+    latency_s: 0.01
+    when:
+      probability: 0.5
+  - target: network
+    kind: timeout
+    link: tool
+probes:
+  - probe: failovers
+    gte: 1
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def readme_example() -> str:
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    assert len(blocks) == 1, "the README holds exactly one yaml example"
+    return blocks[0]
+
+
+# --- invalid files ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", INVALID_FILES)
+def test_each_invalid_scenario_file_gets_its_exact_error(name: str) -> None:
+    path = INVALID_DIR / name
+    assert name in EXPECTED_ERRORS, f"add the expected error of {name} to EXPECTED_ERRORS"
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert str(caught.value) == f"{path}{EXPECTED_ERRORS[name]}"
+    assert caught.value.file == str(path)
+
+
+def test_every_expected_error_has_its_invalid_file_and_there_are_enough_of_them() -> None:
+    assert sorted(EXPECTED_ERRORS) == INVALID_FILES
+    assert len(INVALID_FILES) >= 14
+
+
+@pytest.mark.parametrize("name", INVALID_FILES)
+def test_an_invalid_file_error_chains_no_internal_exception(name: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(INVALID_DIR / name)
+    assert caught.value.__cause__ is None
+    assert caught.value.__context__ is None or caught.value.__suppress_context__
+
+
+def test_the_error_names_its_field_and_line_as_attributes() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(INVALID_DIR / "unknown_fault_kind.yaml")
+    error = caught.value
+    assert (error.field, error.line) == ("faults[0].kind", 6)
+    assert error.reason.startswith("expected one of 'raise'")
+
+
+def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario("title: x\nfaults:\n  - {target: env, kind: raise\nprobes: []\n", file="s.yaml")
+    assert str(caught.value) == (
+        "s.yaml:4: invalid YAML: expected ',' or '}', but got ':' "
+        "(while parsing a flow mapping started on line 3)"
+    )
+    assert caught.value.field == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "title: t\n---\ntitle: u\n",
+            "s.yaml:2: invalid YAML: a scenario file holds one YAML document, found a second one",
+        ),
+        (
+            "title: t\x07\n",
+            "s.yaml:1: invalid YAML: unacceptable character #x0007: special characters are not allowed",
+        ),
+        (
+            "# only a comment\n",
+            "s.yaml: the file is empty; expected a mapping of scenario fields (title, faults, probes, ...)",
+        ),
+        (
+            "~\n",
+            (
+                "s.yaml:1: expected a mapping of scenario fields (title, faults, probes, ...) at the top "
+                "level, got null"
+            ),
+        ),
+        (
+            "just words\n",
+            (
+                "s.yaml:1: expected a mapping of scenario fields (title, faults, probes, ...) at the top "
+                "level, got 'just words'"
+            ),
+        ),
+        ("title: t\n1: x\n", "s.yaml:2: expected field names to be strings, got 1"),
+        (
+            "title: t\nzzzzz: 1\n",
+            (
+                "s.yaml:2 at zzzzz: unknown field 'zzzzz'; expected one of title, description, tags, seed, "
+                "batch, engine, runner, pipeline, faults, expect, probes"
+            ),
+        ),
+        ("title:\n", "s.yaml:1 at title: expected a string, got null"),
+        ("title: t\ntags: abc\n", "s.yaml:2 at tags: expected a list of strings, got 'abc'"),
+        ("title: t\nfaults:\n  - raise\n", "s.yaml:3 at faults[0]: expected a mapping, got 'raise'"),
+        (
+            "title: t\nfaults:\n  - {target: [env], kind: raise}\n",
+            "s.yaml:3 at faults[0].target: expected one of 'env', 'engine', 'network', got a list",
+        ),
+        (
+            "title: t\nfaults:\n  - {target: network, kind: latency}\n",
+            "s.yaml:3 at faults[0].link: missing required field 'link'",
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: raise, retries: 2}\n",
+            (
+                "s.yaml:3 at faults[0].retries: unknown field 'retries'; expected one of target, kind, "
+                "method, exception, message, delay_s, when"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: raise, when: {turn: [1]}}\n",
+            "s.yaml:3 at faults[0].when.turn: unknown field 'turn'; did you mean 'turns'?",
+        ),
+        (
+            "title: t\nfaults:\n  - target: env\n    kind: delay\n    delay_s: 0\n",
+            "s.yaml:5 at faults[0].delay_s: expected a number > 0, got 0",
+        ),
+        (
+            "title: t\nfaults:\n  - target: env\n    kind: raise\n    when: {rollouts: [0, -1]}\n",
+            "s.yaml:5 at faults[0].when.rollouts[1]: expected an integer >= 0, got -1",
+        ),
+        (
+            "title: t\nfaults:\n  - target: env\n    kind: raise\n    when: {probability: 1.5}\n",
+            "s.yaml:5 at faults[0].when.probability: expected a number in [0, 1], got 1.5",
+        ),
+        (
+            "title: t\nengine: {kind: served, servers: 9}\n",
+            "s.yaml:2 at engine.servers: expected an integer in [1, 4], got 9",
+        ),
+        ("title: t\nexpect: raises\n", "s.yaml:2 at expect: expected a mapping, got 'raises'"),
+        (
+            "title: t\nexpect: {outcome: completes, error: ValueError}\n",
+            "s.yaml:2 at expect: 'error' only goes with outcome 'raises'",
+        ),
+        (
+            "title: t\nprobes:\n  probe: failed\n",
+            "s.yaml:2 at probes: expected a list of mappings, got a mapping",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: failed, eq: [1]}\n",
+            "s.yaml:3 at probes[0].eq: expected a number, a string, true or false, or null, got a list",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: failed, range: [1]}\n",
+            "s.yaml:3 at probes[0].range: expected a list of 2 numbers, got 1 item",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: failed, range: [1, 2, 3]}\n",
+            "s.yaml:3 at probes[0].range: expected a list of 2 numbers, got 3 items",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: validator_passes, is: maybe}\n",
+            "s.yaml:3 at probes[0].is: expected true or false, got 'maybe'",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: 'metrics.', eq: 1}\n",
+            (
+                "s.yaml:3 at probes[0]: unknown probe 'metrics.'; expected one of batch_size, "
+                "envs_unclosed, error_type, failed, failovers, faults_fired, identical_to_baseline, "
+                "logprobs_per_token, masked_groups, placeholders, retries, retries_succeeded, "
+                "token_level_rewards, validator_passes, wall_time_ratio, or metrics.<key>"
+            ),
+        ),
+        (
+            "title: t\npipeline: just_a_module\n",
+            "s.yaml:2 at pipeline: pipeline must be 'module:function', got 'just_a_module'",
+        ),
+    ],
+)
+def test_model_errors_become_one_located_message(text: str, message: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(text, file="s.yaml")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("title: t\nrunner: [1]\n", "s.yaml:2 at runner: expected a mapping, got a list"),
+        (
+            "title: t\nrunner:\n  max_turns: true\n",
+            "s.yaml:3 at runner.max_turns: expected an integer, got true",
+        ),
+        (
+            "title: t\nrunner:\n  max_concurrency: 1.5\n",
+            "s.yaml:3 at runner.max_concurrency: expected an integer or null, got 1.5",
+        ),
+        (
+            "title: t\nrunner:\n  logprobs: 'yes'\n",
+            "s.yaml:3 at runner.logprobs: expected true or false, got 'yes'",
+        ),
+        (
+            "title: t\nrunner:\n  temperature: hot\n",
+            "s.yaml:3 at runner.temperature: expected a number, got 'hot'",
+        ),
+        ("title: t\nrunner:\n  top_p: 0\n", "s.yaml:3 at runner.top_p: must be in (0, 1], got 0.0"),
+        (
+            "title: t\nrunner:\n  env_step_timeout_s: 1\n",
+            "s.yaml:3 at runner.env_step_timeout_s: needs isolate_envs=True: a thread stuck in an env "
+            "cannot be stopped, so a deadline without a process to kill would not be a deadline",
+        ),
+        (
+            "title: t\nrunner:\n  retry: 3\n",
+            (
+                "s.yaml:3 at runner.retry: expected null or a mapping of RetryPolicy fields (attempts, "
+                "initial_delay_s, max_delay_s, jitter_s, total_delay_s, retry_on), got 3"
+            ),
+        ),
+        (
+            "title: t\nrunner:\n  retry: {attempts: 0}\n",
+            "s.yaml:3 at runner.retry.attempts: must be an int >= 1, got 0",
+        ),
+        (
+            "title: t\nrunner:\n  retry: {sleep: 1}\n",
+            (
+                "s.yaml:3 at runner.retry.sleep: unknown field 'sleep'; expected one of attempts, "
+                "initial_delay_s, max_delay_s, jitter_s, total_delay_s, retry_on"
+            ),
+        ),
+        (
+            "title: t\nrunner:\n  retry: {retry_on: ConnectionError}\n",
+            "s.yaml:3 at runner.retry.retry_on: expected a list of exception names, got 'ConnectionError'",
+        ),
+        (
+            "title: t\nrunner:\n  retry:\n    retry_on: [Nope]\n",
+            (
+                "s.yaml:4 at runner.retry.retry_on[0]: unknown exception 'Nope': expected a built-in "
+                "exception, a gym_resilience error, or module:Name"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: raise, exception: EnvStepError}\n",
+            "s.yaml:3 at faults[0].exception: exception 'EnvStepError' cannot be raised with a message: "
+            "EnvStepError(message) raised TypeError: EnvStepError.__init__() takes 1 positional argument "
+            "but 2 were given; name one that takes a single message argument",
+        ),
+        (
+            "title: t\nfaults:\n  - {target: engine, kind: raise, exception: 'json:dumps'}\n",
+            "s.yaml:3 at faults[0].exception: 'json:dumps' is not an exception class",
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: bad_output, method: close}\n",
+            (
+                "s.yaml:3 at faults[0].method: bad_output cannot target close: close() returns nothing, so "
+                "the fault would do nothing"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: network, kind: timeout, link: engine}\n",
+            (
+                "s.yaml:3 at faults[0].link: link 'engine' needs a served engine (engine.kind: served): the "
+                "fault proxy sits on the HTTP connection to vllm serve, and engine.kind is 'vllm'"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: hang, method: close}\n",
+            (
+                "s.yaml:3 at faults[0].kind: a hang in close needs runner.isolate_envs: true: only an "
+                "isolated env's close is killed at its deadline, and a close that never returns would hang "
+                "the run"
+            ),
+        ),
+        (
+            "title: t\nrunner: {isolate_envs: true}\nfaults:\n  - {target: env, kind: hang, method: reset}\n",
+            (
+                "s.yaml:4 at faults[0].kind: a hang in reset needs runner.isolate_envs: true and "
+                "runner.env_reset_timeout_s set: only a deadline that kills the env's process stops a hung "
+                "call, and without one the run would hang"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: engine, kind: abort, when: {turns: [1]}}\n",
+            (
+                "s.yaml:3 at faults[0].when.turns[0]: turn 1 never happens: runner.max_turns is 1 (turns "
+                "are numbered from 0)"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: engine, kind: abort, when: {attempts: [1]}}\n",
+            (
+                "s.yaml:3 at faults[0].when.attempts[0]: attempt 1 never happens: a rollout gets 1 attempt "
+                "(runner.retry.attempts, 1 without retry), numbered from 0"
+            ),
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: raise, method: reset, when: {turns: [0]}}\n",
+            (
+                "s.yaml:3 at faults[0].when.turns: turns never match a reset fault: reset has no turn "
+                "(turns count the steps since reset)"
+            ),
+        ),
+        (
+            "title: t\npipeline: 'json:dumps'\n",
+            (
+                "s.yaml:2 at pipeline: 'json:dumps' is not an async function; expected async def "
+                "dumps(tasks, env_factory, engine)"
+            ),
+        ),
+        ("title: t\npipeline: 'json:nope'\n", "s.yaml:2 at pipeline: module 'json' has no attribute 'nope'"),
+    ],
+)
+def test_semantic_errors_become_one_located_message(text: str, message: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(text, file="s.yaml")
+    assert str(caught.value) == message
+
+
+# --- valid files ------------------------------------------------------------------------------------------
+
+
+def test_a_scenario_with_every_env_and_in_process_engine_fault_loads(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, "in_process.yaml", IN_PROCESS_SCENARIO))
+    assert scenario.batch == BatchSpec(env="word_game", tasks=4, seed=11)
+    assert scenario.engine == EngineSpec(kind="vllm", max_model_len=256)
+    assert [(type(f), f.kind) for f in scenario.faults] == [
+        (EnvFault, "raise"),
+        (EnvFault, "delay"),
+        (EnvFault, "hang"),
+        (EnvFault, "hang"),
+        (EnvFault, "interrupt"),
+        (EnvFault, "bad_output"),
+        (EngineFault, "raise"),
+        (EngineFault, "delay"),
+        (EngineFault, "abort"),
+    ]
+    assert scenario.faults[0] == EnvFault(
+        target="env",
+        kind="raise",
+        method="reset",
+        exception="ConnectionResetError",
+        when=Targeting(rollouts=[0]),
+    )
+    assert scenario.faults[1].when == Targeting(turns=[1, 2], probability=0.5)
+    assert scenario.expect == Expect(outcome="raises", error="KeyboardInterrupt")
+    assert scenario.probes[3] == Probe(probe="wall_time_ratio", range=(0.5, 40.0))
+    assert scenario.probes[4].is_ is True
+
+
+def test_a_scenario_with_a_served_engine_and_every_network_fault_loads(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, "served.yaml", SERVED_SCENARIO))
+    assert scenario.engine == EngineSpec(kind="served", servers=2)
+    assert scenario.faults == [
+        EngineFault(target="engine", kind="kill", server=1, after_requests=3),
+        NetworkFault(
+            target="network",
+            kind="reset_peer",
+            link="engine",
+            when=ConnectionTargeting(nth_connection=[0, 2]),
+        ),
+        NetworkFault(
+            target="network",
+            kind="latency",
+            link="tool",
+            latency_s=0.01,
+            when=ConnectionTargeting(probability=0.5),
+        ),
+        NetworkFault(target="network", kind="timeout", link="tool"),
+    ]
+    assert runner_config(scenario) == RunnerConfig()
+
+
+def test_runner_config_builds_the_runner_config_with_its_retry_policy(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, "in_process.yaml", IN_PROCESS_SCENARIO))
+    config = runner_config(scenario)
+    assert config.retry == RetryPolicy(
+        attempts=2, total_delay_s=None, retry_on=(ConnectionError, EnvStepError, TimeoutError)
+    )
+    expected = RunnerConfig(
+        skip_failed_rollouts=True,
+        max_turns=3,
+        isolate_envs=True,
+        env_step_timeout_s=2.0,
+        env_reset_timeout_s=2.5,
+        max_failed_fraction=0.75,
+        retry=config.retry,
+    )
+    assert config == expected
+    assert isinstance(config.temperature, float)
+
+
+def test_runner_config_of_an_unvalidated_scenario_raises_a_scenario_error_without_a_line() -> None:
+    scenario = Scenario(title="t", runner={"skip_failed_rollouts": True, "batched": True})
+    with pytest.raises(ScenarioError) as caught:
+        runner_config(scenario, file="mine.yaml")
+    assert str(caught.value) == (
+        "mine.yaml at runner.skip_failed_rollouts: cannot be combined with batched=True: the batched "
+        "single-turn path has no agent loop, so the flag would silently do nothing"
+    )
+
+
+def test_a_user_pipeline_next_to_the_scenario_file_imports(tmp_path: Path) -> None:
+    (tmp_path / "my_pipeline_for_loader_test.py").write_text(
+        "async def generate(tasks, env_factory, engine):\n    return []\n\n"
+        "async def no_arguments():\n    return []\n"
+    )
+    scenario = load_scenario(
+        write(tmp_path, "p.yaml", "title: t\npipeline: my_pipeline_for_loader_test:generate\n")
+    )
+    assert scenario.pipeline == "my_pipeline_for_loader_test:generate"
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(
+            write(tmp_path, "q.yaml", "title: t\npipeline: my_pipeline_for_loader_test:no_arguments\n")
+        )
+    assert str(caught.value) == (
+        f"{tmp_path / 'q.yaml'}:2 at pipeline: 'my_pipeline_for_loader_test:no_arguments' cannot be called "
+        "with (tasks, env_factory, engine): too many positional arguments; "
+        "expected async def no_arguments(tasks, env_factory, engine)"
+    )
+    assert str(tmp_path.resolve()) not in sys.path  # only while the loader imported it
+
+
+def test_a_pipeline_engine_fault_can_only_be_targeted_by_call_number_or_probability(tmp_path: Path) -> None:
+    (tmp_path / "another_pipeline_for_loader_test.py").write_text(
+        "async def generate(tasks, env_factory, engine):\n    return []\n"
+    )
+    text = (
+        "title: t\npipeline: another_pipeline_for_loader_test:generate\nfaults:\n"
+        "  - {target: engine, kind: raise, when: {nth_call: [1], probability: 0.5}}\n"
+        "  - {target: env, kind: raise, when: {rollouts: [7], attempts: [0]}}\n"
+        "  - {target: engine, kind: raise, when: {rollouts: [0]}}\n"
+    )
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(write(tmp_path, "p.yaml", text))
+    assert str(caught.value).endswith(
+        ":6 at faults[2].when.rollouts: rollouts never match here: in a user pipeline an engine call has no "
+        "rollout, attempt or turn; target it with nth_call or probability"
+    )
+    load_scenario(write(tmp_path, "q.yaml", text.rsplit("  - {target: engine", 1)[0]))
+
+
+def test_yaml_anchors_and_merge_keys_load_as_safe_load_reads_them(tmp_path: Path) -> None:
+    text = """\
+    title: anchors
+    faults:
+      - &flaky {target: env, kind: raise, exception: ConnectionError, when: {rollouts: [0]}}
+      - <<: *flaky
+        when: {rollouts: [1]}
+        kind: explode
+    """
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(write(tmp_path, "a.yaml", text))
+    assert str(caught.value).endswith(
+        ":6 at faults[1].kind: expected one of 'raise', 'delay', 'hang', 'interrupt', 'bad_output', got "
+        "'explode'"
+    )
+    scenario = load_scenario(write(tmp_path, "b.yaml", text.replace("        kind: explode\n", "")))
+    assert scenario.faults[1] == EnvFault(
+        target="env", kind="raise", exception="ConnectionError", when=Targeting(rollouts=[1])
+    )
+
+
+# --- exception names --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("ConnectionError", ConnectionError),
+        ("KeyboardInterrupt", KeyboardInterrupt),
+        ("EnvStepError", EnvStepError),
+        ("EngineDeadError", EngineDeadError),
+        ("asyncio:CancelledError", asyncio.CancelledError),
+        ("json:JSONDecodeError", json.JSONDecodeError),
+    ],
+)
+def test_resolve_exception_finds_builtins_library_errors_and_module_paths(
+    name: str, expected: type[BaseException]
+) -> None:
+    assert resolve_exception(name) is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "Foo",
+            "unknown exception 'Foo': expected a built-in exception, a gym_resilience error, or module:Name",
+        ),
+        (
+            "print",
+            (
+                "unknown exception 'print': expected a built-in exception, a gym_resilience error, or "
+                "module:Name"
+            ),
+        ),
+        (
+            "asyncio.CancelledError",
+            (
+                "unknown exception 'asyncio.CancelledError': expected a built-in exception, a "
+                "gym_resilience error, or module:Name; did you mean 'asyncio:CancelledError'?"
+            ),
+        ),
+        ("json:dumps", "'json:dumps' is not an exception class"),
+        ("json:Nope", "module 'json' has no attribute 'Nope'"),
+        (
+            "no_such_module_x:Err",
+            (
+                "cannot import module 'no_such_module_x' for exception 'no_such_module_x:Err': No module "
+                "named 'no_such_module_x'"
+            ),
+        ),
+        (":Err", "exception ':Err' must be module:Name"),
+    ],
+)
+def test_resolve_exception_says_why_a_name_does_not_resolve(name: str, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        resolve_exception(name)
+    assert str(caught.value) == message
+
+
+# --- many files -------------------------------------------------------------------------------------------
+
+
+def test_load_scenarios_expands_folders_to_their_yaml_files_in_name_order(tmp_path: Path) -> None:
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    for name in ("b.yml", "a.yaml", "c.yaml"):
+        write(folder, name, f"title: {name}\n")
+    write(folder, "notes.md", "not a scenario")
+    (folder / "nested").mkdir()
+    write(folder / "nested", "d.yaml", "title: d\n")
+    extra = write(tmp_path, "extra.yaml", "title: extra\n")
+    loaded = load_scenarios([extra, folder, folder / "a.yaml"])
+    assert [(path.name, scenario.title) for path, scenario in loaded] == [
+        ("extra.yaml", "extra"),
+        ("a.yaml", "a.yaml"),
+        ("b.yml", "b.yml"),
+        ("c.yaml", "c.yaml"),
+    ]
+
+
+def test_load_scenarios_rejects_a_path_that_does_not_exist_and_an_empty_folder(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenarios([tmp_path / "missing.yaml"])
+    assert str(caught.value) == f"{tmp_path / 'missing.yaml'}: no such file or directory"
+    with pytest.raises(ScenarioError) as caught:
+        scenario_files([tmp_path])
+    assert str(caught.value) == f"{tmp_path}: no scenario files (*.yaml, *.yml) in this directory"
+
+
+def test_load_scenarios_stops_at_the_first_invalid_file(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", "title: fine\n")
+    write(tmp_path, "b.yaml", "title: [broken\n")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenarios([tmp_path])
+    assert caught.value.file == str(tmp_path / "b.yaml")
+
+
+def test_load_scenario_reports_a_missing_file_and_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(tmp_path / "nope.yaml")
+    assert str(caught.value) == f"{tmp_path / 'nope.yaml'}: no such file"
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"title: t\n\xff\xfe\n")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(binary)
+    assert str(caught.value) == f"{binary}:2: not UTF-8 text (byte 0xff)"
+
+
+# --- the README -------------------------------------------------------------------------------------------
+
+
+def test_the_readme_example_is_a_valid_scenario(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, "example.yaml", readme_example()))
+    assert {fault.target for fault in scenario.faults} == {"env", "engine"}
+    assert runner_config(scenario).skip_failed_rollouts
+
+
+def test_the_readme_documents_every_probe_and_every_field() -> None:
+    text = README.read_text()
+    models = [Scenario, BatchSpec, EngineSpec, EnvFault, EngineFault, NetworkFault, Targeting]
+    models += [ConnectionTargeting, Expect, Probe]
+    names = {field.alias or name for model in models for name, field in model.model_fields.items()}
+    names |= {field.name for field in dataclasses.fields(RunnerConfig)}
+    names |= {field.name for field in dataclasses.fields(RetryPolicy)} - {"sleep", "async_sleep"}
+    names |= set(PROBES)
+    missing = sorted(name for name in names if f"`{name}`" not in text)
+    assert missing == []
