@@ -8,7 +8,9 @@ The tree::
     │   ├── EnvStepError                step() raised (turn index, short action repr)
     │   ├── EnvCloseError               close() raised
     │   ├── EnvClosedError              used after close: "you closed it", not "it broke"
-    │   └── EnvTimeoutError             (also TimeoutError) reset()/step() ran past its deadline
+    │   ├── EnvTimeoutError             (also TimeoutError) a call on an isolated env ran past its deadline
+    │   ├── EnvWorkerDiedError          an isolated env's worker process died
+    │   └── UnpicklableEnvError         stands in for an isolated env's exception that did not pickle
     ├── EngineError                     an engine failed to serve a request
     │   ├── EngineClosedError           (also RuntimeError) used before start or after close
     │   ├── EngineDeadError             the engine (or every endpoint) died
@@ -28,6 +30,7 @@ process boundaries (isolated environments, served engines, the harness's journal
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -35,17 +38,18 @@ Phase = Literal["reset", "generate", "step", "close"]
 
 __all__ = [
     "AllRolloutsFailedError",
-    "EnvCloseError",
-    "EnvClosedError",
     "DependencyNotInstalledError",
     "EngineClosedError",
     "EngineDeadError",
     "EngineError",
     "EngineRequestError",
+    "EnvCloseError",
+    "EnvClosedError",
     "EnvError",
     "EnvResetError",
     "EnvStepError",
     "EnvTimeoutError",
+    "EnvWorkerDiedError",
     "FailureBudgetExceededError",
     "GymResilienceError",
     "OutputValidationError",
@@ -53,6 +57,7 @@ __all__ = [
     "RolloutError",
     "RolloutTimeoutError",
     "ScenarioError",
+    "UnpicklableEnvError",
     "UnsupportedConfigError",
 ]
 
@@ -134,15 +139,58 @@ class EnvClosedError(EnvError):
 
 
 class EnvTimeoutError(EnvError, TimeoutError):
-    """Raised when ``reset()`` or ``step()`` ran past its deadline; the env was killed and is closed.
+    """Raised when a call on an isolated env ran past its deadline; its worker was killed, the env is closed.
 
-    Raise the deadline or fix the env; the rollout cannot continue with this env.
+    ``operation`` names the call (``step``, ``reset``, ``render``, ``start``, ``close``). Raise the deadline
+    or fix the env; the rollout cannot continue with this env.
     """
 
     def __init__(self, *, operation: str, timeout_s: float, env_id: str | None = None) -> None:
         self.operation = operation
         self.timeout_s = timeout_s
         super().__init__(f"env {operation} exceeded its {timeout_s:g} s deadline", env_id=env_id)
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exit code unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class EnvWorkerDiedError(EnvError):
+    """Raised when an isolated env's worker process died during a call; the env counts as closed.
+
+    It crashed, exited, or was killed from outside (``exitcode`` -9, SIGKILL, is often the kernel's OOM
+    killer). ``operation`` names the call, ``exitcode`` is the process's exit code (negative: the signal
+    that killed it; None: unknown). Create a new env; the worker's stderr may say why it died.
+    """
+
+    def __init__(self, *, operation: str, exitcode: int | None, env_id: str | None = None) -> None:
+        self.operation = operation
+        self.exitcode = exitcode
+        super().__init__(
+            f"env worker process died during {operation} ({_describe_exit(exitcode)})", env_id=env_id
+        )
+
+
+class UnpicklableEnvError(EnvError):
+    """Raised in place of an exception from an isolated env that could not be pickled back to the parent.
+
+    ``type_name`` is the original exception's qualified type, ``message`` its text, ``reason`` why it did not
+    pickle; its traceback from the worker is a note. To receive the exception as itself, make it picklable
+    (an exception whose ``__init__`` takes other arguments than ``args`` needs a ``__reduce__``).
+    """
+
+    def __init__(self, *, type_name: str, message: str, reason: str, env_id: str | None = None) -> None:
+        self.type_name = type_name
+        self.message = message
+        self.reason = reason
+        super().__init__(f"{type_name}: {message} (it could not be pickled: {reason})", env_id=env_id)
 
 
 class EngineError(GymResilienceError):
@@ -292,7 +340,7 @@ class ScenarioError(GymResilienceError, ValueError):
     """Raised when a chaos scenario file is invalid; nothing of it was run.
 
     ``file`` names the file, ``field`` the path to the bad field (``faults[2].kind``), ``reason`` what was
-    expected; ``line`` is set when YAML itself failed to parse.
+    expected; ``line`` is the line of that field (or where YAML itself failed to parse), when known.
     """
 
     def __init__(self, *, file: str, field: str, reason: str, line: int | None = None) -> None:

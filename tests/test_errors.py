@@ -28,6 +28,13 @@ EXAMPLES: dict[str, Callable[[], BaseException]] = {
     "EnvCloseError": lambda: errors.EnvCloseError(env_id="Text-v0"),
     "EnvClosedError": lambda: errors.EnvClosedError(operation="step", env_id="Text-v0"),
     "EnvTimeoutError": lambda: errors.EnvTimeoutError(operation="reset", timeout_s=2.5, env_id="Text-v0"),
+    "EnvWorkerDiedError": lambda: errors.EnvWorkerDiedError(operation="step", exitcode=-9, env_id="Text-v0"),
+    "UnpicklableEnvError": lambda: errors.UnpicklableEnvError(
+        type_name="sandbox.ContainerError",
+        message="container 3f2a is gone",
+        reason="TypeError: cannot pickle '_thread.lock' object",
+        env_id="Text-v0",
+    ),
     "EngineError": lambda: errors.EngineError("request failed"),
     "EngineClosedError": lambda: errors.EngineClosedError("engine is closed"),
     "EngineDeadError": lambda: errors.EngineDeadError("every endpoint is down"),
@@ -144,6 +151,8 @@ def test_misuse_and_batch_errors_are_catchable_as_builtins() -> None:
         "EnvCloseError",
         "EnvClosedError",
         "EnvTimeoutError",
+        "EnvWorkerDiedError",
+        "UnpicklableEnvError",
     }
     assert not any(issubclass(cls, errors.RolloutError) for cls in env_errors)
     assert issubclass(errors.RolloutTimeoutError, errors.RolloutError)

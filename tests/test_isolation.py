@@ -1,0 +1,584 @@
+"""Isolated envs: deadlines that kill a worker process, typed errors across the process boundary, and no
+process left behind on any exit path (DESIGN.md §1 item 4)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # check_env's render checks open pygame windows otherwise
+
+import functools
+import gc
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import psutil
+import pytest
+import worker_envs
+from gymnasium.utils.env_checker import check_env
+
+from gym_resilience.env import ResilientEnv
+from gym_resilience.errors import (
+    EnvClosedError,
+    EnvCloseError,
+    EnvStepError,
+    EnvTimeoutError,
+    EnvWorkerDiedError,
+    UnpicklableEnvError,
+    UnsupportedConfigError,
+)
+from gym_resilience.isolation import IsolatedEnv
+from gym_resilience.retry import RetryPolicy
+from gym_resilience.testing import ScriptableEnv
+
+TESTS = str(Path(__file__).resolve().parent)
+CARTPOLE = functools.partial(gymnasium.make, "CartPole-v1")
+# Time for killing and reaping a worker past its deadline, on a loaded two-core CI machine.
+MARGIN_S = 1.5
+
+
+def worker_of(env: ResilientEnv[Any, Any]) -> psutil.Process:
+    """The env's worker process (psutil tells a reused pid from the original by its start time)."""
+    isolated = env.env
+    assert isinstance(isolated, IsolatedEnv)
+    return psutil.Process(isolated.pid)
+
+
+def descendants() -> set[int]:
+    return {process.pid for process in psutil.Process().children(recursive=True)}
+
+
+def multiprocessing_helpers() -> set[int]:
+    """The fork server and resource tracker, which the first isolated env of a session starts."""
+    return {
+        process.pid
+        for process in psutil.Process().children(recursive=True)
+        if any("forkserver" in part or "resource_tracker" in part for part in process.cmdline())
+    }
+
+
+@pytest.fixture
+def processes_before() -> set[int]:
+    """This process's descendants once the fork server and resource tracker run (they are meant to stay)."""
+    ResilientEnv(worker_envs.text_env, isolate=True).close()
+    return descendants()
+
+
+def timed(call: Callable[[], object]) -> tuple[BaseException, float]:
+    start = time.monotonic()
+    try:
+        call()
+    except BaseException as exc:
+        return exc, time.monotonic() - start
+    raise AssertionError("expected the call to raise")
+
+
+# --- an isolated env behaves as the env itself -------------------------------------------------------
+
+
+def test_an_isolated_cartpole_resets_steps_and_closes_with_its_spaces_passed_through() -> None:
+    local = gymnasium.make("CartPole-v1")
+    env = ResilientEnv(CARTPOLE, isolate=True)
+    worker = worker_of(env)
+    assert worker.pid != os.getpid()
+    assert env.observation_space == local.observation_space
+    assert env.action_space == local.action_space
+    assert env.metadata == local.metadata
+    assert env.render_mode is None
+    assert env.spec is not None
+    assert env.spec.id == "CartPole-v1"
+    assert env.spec.additional_wrappers[-1].name == "ResilientEnv"
+    assert env.unwrapped is env.env  # the local stand-in: the real env lives in the worker
+    stack = "TimeLimit<OrderEnforcing<PassiveEnvChecker<CartPoleEnv<CartPole-v1>>>>"
+    assert repr(env.env) == f"<IsolatedEnv<{stack}> pid={worker.pid}>"
+
+    observation, _ = env.reset(seed=0)
+    expected, _ = local.reset(seed=0)
+    np.testing.assert_array_equal(observation, expected)
+    assert env.np_random.bit_generator.state == local.np_random.bit_generator.state
+    for action in (0, 1, 1, 0):
+        result = env.step(action)
+        expected_result = local.step(action)
+        np.testing.assert_array_equal(result[0], expected_result[0])
+        assert result[1:] == expected_result[1:]
+    env.close()
+    local.close()
+    assert env.closed
+    assert not worker.is_running()
+
+
+def test_check_env_passes_on_an_isolated_cartpole_with_the_warnings_of_the_in_process_one() -> None:
+    def checker_warnings(env: gymnasium.Env[Any, Any]) -> list[str]:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                check_env(env)
+        finally:
+            env.close()
+        # check_env warns about any wrapped env, naming the stack: that one is about wrapping.
+        return [str(w.message) for w in caught if "different from the unwrapped" not in str(w.message)]
+
+    in_process = checker_warnings(ResilientEnv(gymnasium.make("CartPole-v1")))
+    assert checker_warnings(ResilientEnv(CARTPOLE, isolate=True)) == in_process
+
+
+def test_a_text_env_renders_through_its_worker() -> None:
+    env = ResilientEnv(functools.partial(ScriptableEnv, render_mode="ansi"), isolate=True)
+    assert env.render_mode == "ansi"
+    assert env.reset() == ("Say something.", {})
+    env.step("ls -la")
+    assert env.render() == "ls -la"
+    env.close()
+
+
+# --- deadlines ---------------------------------------------------------------------------------------
+
+
+def test_a_step_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:
+    env = ResilientEnv(worker_envs.hanging_step_env, isolate=True, step_timeout=0.5)
+    worker = worker_of(env)
+    env.reset()
+    error, elapsed = timed(lambda: env.step("sleep forever"))
+    assert isinstance(error, EnvTimeoutError)
+    assert 0.5 <= elapsed < 0.5 + MARGIN_S
+    assert str(error) == "env step exceeded its 0.5 s deadline"
+    assert (error.operation, error.timeout_s) == ("step", 0.5)
+    assert not psutil.pid_exists(worker.pid)
+    assert env.closed
+    with pytest.raises(EnvClosedError, match=r"^cannot step: the env is closed$"):
+        env.step("again")
+    env.close()  # a no-op: no error, nothing to close
+    assert env.close_error is None
+
+
+def ended(process: psutil.Process) -> bool:
+    """Whether ``process`` is gone; orphans are reaped by init, not by us, so a zombie has ended too."""
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until_ended(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """The processes still running after up to ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not all(map(ended, processes)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [process for process in processes if not ended(process)]
+
+
+def test_the_subprocesses_of_a_killed_worker_are_killed_with_it() -> None:
+    env = ResilientEnv(
+        functools.partial(ScriptableEnv, step=worker_envs.spawn_then_hang), isolate=True, step_timeout=0.5
+    )
+    env.reset()
+    tool = psutil.Process(env.step("start the tool")[0])
+    assert tool.ppid() == worker_of(env).pid
+    with pytest.raises(EnvTimeoutError):
+        env.step("hang")
+    assert wait_until_ended([tool], timeout_s=5) == []
+
+
+def test_a_reset_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:
+    env = ResilientEnv(worker_envs.hanging_reset_env, isolate=True, reset_timeout=0.5)
+    worker = worker_of(env)
+    error, elapsed = timed(env.reset)
+    assert isinstance(error, EnvTimeoutError)
+    assert 0.5 <= elapsed < 0.5 + MARGIN_S
+    assert str(error) == "env reset exceeded its 0.5 s deadline"
+    assert not worker.is_running()
+    assert env.closed
+    with pytest.raises(EnvClosedError, match=r"^cannot reset: the env is closed$"):
+        env.reset()
+    env.close()
+
+
+def test_a_reset_past_its_deadline_is_not_retried_though_the_policy_retries_timeouts() -> None:
+    slept: list[float] = []
+    policy = RetryPolicy(attempts=3, retry_on=(TimeoutError, EnvClosedError), sleep=slept.append)
+    env = ResilientEnv(worker_envs.hanging_reset_env, isolate=True, reset_timeout=0.3, reset_retry=policy)
+    error, elapsed = timed(env.reset)
+    assert isinstance(error, EnvTimeoutError)  # itself a TimeoutError: the policy would have retried it
+    assert elapsed < 0.3 + MARGIN_S
+    assert slept == []
+
+
+def test_a_factory_that_hangs_is_killed_at_the_start_deadline() -> None:
+    before = descendants()
+    error, elapsed = timed(lambda: ResilientEnv(worker_envs.hang, isolate=True, start_timeout=0.5))
+    assert isinstance(error, EnvTimeoutError)
+    assert str(error) == "env start exceeded its 0.5 s deadline"
+    assert elapsed < 0.5 + MARGIN_S + 1.0  # the first start in a session also starts the fork server
+    assert descendants() <= before | multiprocessing_helpers()
+
+
+def test_close_kills_a_worker_whose_env_close_outlasts_close_timeout() -> None:
+    env = ResilientEnv(worker_envs.hanging_close_env, isolate=True, close_timeout=0.5)
+    worker = worker_of(env)
+    error, elapsed = timed(env.close)
+    assert isinstance(error, EnvCloseError)
+    assert isinstance(error.__cause__, EnvTimeoutError)
+    assert str(error.__cause__) == "env close exceeded its 0.5 s deadline"
+    assert elapsed < 0.5 + MARGIN_S
+    assert not worker.is_running()
+    env.close()
+
+
+def test_close_from_another_thread_during_a_hanging_step_kills_the_worker_and_the_step_sees_it_closed() -> (
+    None
+):
+    env = ResilientEnv(worker_envs.hanging_step_env, isolate=True, close_timeout=0.3)
+    worker = worker_of(env)
+    env.reset()
+    with ThreadPoolExecutor(1) as pool:
+        step = pool.submit(env.step, "sleep forever")
+        time.sleep(0.2)
+        error, elapsed = timed(env.close)
+        assert isinstance(step.exception(timeout=MARGIN_S), EnvClosedError)
+    assert isinstance(error, EnvCloseError)  # the env's close never ran: the worker had to be killed
+    assert str(error.__cause__) == "env close exceeded its 0.3 s deadline"
+    assert elapsed < 0.3 + MARGIN_S
+    assert not worker.is_running()
+
+
+def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() -> None:
+    env = ResilientEnv(worker_envs.hanging_step_env, isolate=True)  # no deadline: only Ctrl-C ends it
+    worker = worker_of(env)
+    env.reset()
+    main_thread = threading.main_thread().ident
+    assert main_thread == threading.get_ident()
+    timer = threading.Timer(0.3, signal.pthread_kill, args=(main_thread, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            env.step("sleep forever")
+    finally:
+        timer.cancel()
+    assert env.closed
+    assert not worker.is_running()
+
+
+# --- a worker that dies ------------------------------------------------------------------------------
+
+
+def test_a_worker_that_exits_mid_step_raises_env_worker_died_error_naming_the_exit_code() -> None:
+    env = ResilientEnv(worker_envs.exiting_step_env, isolate=True)
+    worker = worker_of(env)
+    env.reset()
+    with pytest.raises(EnvWorkerDiedError) as caught:
+        env.step("segfault")
+    assert str(caught.value) == "env worker process died during step (exit code 3)"
+    assert (caught.value.operation, caught.value.exitcode) == ("step", 3)
+    assert not worker.is_running()
+    assert env.closed
+    with pytest.raises(EnvClosedError):
+        env.step("again")
+    env.close()
+
+
+def test_a_worker_killed_from_outside_between_calls_raises_env_worker_died_error() -> None:
+    env = ResilientEnv(worker_envs.text_env, isolate=True)
+    worker = worker_of(env)
+    env.reset()
+    worker.kill()  # the OOM killer, say
+    worker.wait(timeout=5)
+    with pytest.raises(
+        EnvWorkerDiedError, match=r"^env worker process died during step \(killed by SIGKILL\)$"
+    ):
+        env.step("hello")
+    assert env.closed
+
+
+def test_a_factory_that_raises_in_the_worker_raises_its_exception_and_leaves_no_worker() -> None:
+    before = descendants() | multiprocessing_helpers()
+    with pytest.raises(RuntimeError) as caught:
+        ResilientEnv(worker_envs.broken_factory, isolate=True)
+    assert str(caught.value) == "no container runtime"
+    assert any("raise RuntimeError" in note for note in caught.value.__notes__)
+    assert descendants() <= before | multiprocessing_helpers()
+
+
+# --- errors raised in the worker ---------------------------------------------------------------------
+
+
+def test_an_exception_in_the_worker_step_arrives_as_env_step_error_with_the_original_as_cause() -> None:
+    env = ResilientEnv(worker_envs.failing_step_env, isolate=True)
+    worker = worker_of(env)
+    env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step("e2e4")
+    assert str(caught.value) == "env step failed at turn 0 (action='e2e4')"
+    cause = caught.value.__cause__
+    assert type(cause) is ValueError
+    assert str(cause) == "bad move 'e2e4'"
+    # The worker's traceback travels as a note: the parent's own traceback ends in the pipe.
+    assert cause.__notes__[0].startswith(f"raised in the env's worker process (pid {worker.pid}):\nTraceback")
+    assert "in raise_value_error" in cause.__notes__[0]
+    assert env.closed
+    assert not worker.is_running()
+
+
+def test_close_on_error_false_keeps_an_isolated_env_open_after_a_step_error() -> None:
+    env = ResilientEnv(worker_envs.failing_step_env, isolate=True, close_on_error=False)
+    env.reset()
+    with pytest.raises(EnvStepError):
+        env.step("e2e4")
+    assert not env.closed
+    assert env.reset() == ("Say something.", {})
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("step", "type_name", "message", "reason"),
+    [
+        pytest.param(
+            worker_envs.raise_unpicklable,
+            "worker_envs.SandboxError",
+            "container 3f2a is gone",
+            "TypeError: cannot pickle '_thread.lock' object",
+            id="does-not-pickle",
+        ),
+        pytest.param(
+            worker_envs.raise_tool_error,
+            "worker_envs.ToolError",
+            "pytest exited with 2",
+            "TypeError: ToolError.__init__() missing 1 required positional argument: 'code'",
+            id="does-not-unpickle",
+        ),
+    ],
+)
+def test_an_exception_that_cannot_cross_arrives_as_unpicklable_env_error_with_its_type_and_message(
+    step: Any, type_name: str, message: str, reason: str
+) -> None:
+    env = ResilientEnv(functools.partial(ScriptableEnv, step=step), isolate=True)
+    env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step("run")
+    cause = caught.value.__cause__
+    assert isinstance(cause, UnpicklableEnvError)
+    assert (cause.type_name, cause.message, cause.reason) == (type_name, message, reason)
+    assert str(cause) == f"{type_name}: {message} (it could not be pickled: {reason})"
+    assert "Traceback" in cause.__notes__[0]
+
+
+def test_a_step_result_that_cannot_be_pickled_is_a_step_error() -> None:
+    env = ResilientEnv(functools.partial(ScriptableEnv, step=worker_envs.return_unpicklable), isolate=True)
+    env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step("lock")
+    assert type(caught.value.__cause__) is TypeError
+    assert str(caught.value.__cause__) == "cannot pickle '_thread.lock' object"
+
+
+def test_an_action_that_cannot_be_pickled_is_a_step_error_and_never_reaches_the_worker() -> None:
+    env = ResilientEnv(worker_envs.text_env, isolate=True, close_on_error=False)
+    env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step(threading.Lock())
+    assert type(caught.value.__cause__) is TypeError
+    assert env.step("still there")[0] == "still there"  # the protocol is intact
+    env.close()
+
+
+def test_a_keyboard_interrupt_raised_by_the_env_in_the_worker_propagates_unchanged_and_closes_the_env() -> (
+    None
+):
+    env = ResilientEnv(
+        functools.partial(ScriptableEnv, step=worker_envs.raise_keyboard_interrupt),
+        isolate=True,
+        close_on_error=False,  # interruptions close regardless, as in-process
+    )
+    worker = worker_of(env)
+    env.reset()
+    with pytest.raises(KeyboardInterrupt):
+        env.step("^C")
+    assert env.closed
+    assert not worker.is_running()
+
+
+def test_a_failing_close_in_the_worker_raises_env_close_error_with_the_original_as_cause() -> None:
+    env = ResilientEnv(worker_envs.failing_close_env, isolate=True)
+    worker = worker_of(env)
+    with pytest.raises(EnvCloseError) as caught:
+        env.close()
+    assert type(caught.value.__cause__) is OSError
+    assert str(caught.value.__cause__) == "socket already gone"
+    assert not worker.is_running()
+
+
+# --- configuration -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("step_timeout", 5.0), ("reset_timeout", 5.0), ("start_timeout", 5.0), ("close_timeout", 1.0)],
+)
+def test_a_deadline_without_isolation_raises_unsupported_config_error(option: str, value: float) -> None:
+    kwargs: dict[str, Any] = {option: value}
+    with pytest.raises(UnsupportedConfigError) as caught:
+        ResilientEnv(ScriptableEnv(), **kwargs)
+    assert str(caught.value) == (
+        f"{option}: needs isolate=True: a deadline is kept by killing the process that runs the env, "
+        "and a thread cannot be stopped"
+    )
+    assert caught.value.option == option
+    assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"step_timeout": 0}, "step_timeout: must be None or a finite number of seconds > 0, got 0"),
+        ({"reset_timeout": -1.0}, "reset_timeout: must be None or a finite number of seconds > 0, got -1.0"),
+        (
+            {"start_timeout": float("inf")},
+            "start_timeout: must be None or a finite number of seconds > 0, got inf",
+        ),
+        ({"step_timeout": True}, "step_timeout: must be None or a finite number of seconds > 0, got True"),
+        ({"close_timeout": None}, "close_timeout: must be a finite number of seconds > 0, got None"),
+    ],
+)
+def test_isolation_rejects_a_timeout_that_is_not_a_number_of_seconds(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UnsupportedConfigError) as caught:
+        ResilientEnv(worker_envs.text_env, isolate=True, **kwargs)
+    assert str(caught.value) == message
+
+
+def test_isolation_rejects_an_env_instance_and_an_unpicklable_factory() -> None:
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^env: isolate=True builds the env in a worker process"
+    ):
+        ResilientEnv(ScriptableEnv(), isolate=True)
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^env: an isolated env is built .* from a picklable"
+    ) as caught:
+        ResilientEnv(lambda: ScriptableEnv(), isolate=True)
+    assert caught.value.__cause__ is not None
+
+
+def test_a_factory_without_isolation_is_rejected_with_a_type_error_that_says_what_to_do() -> None:
+    with pytest.raises(
+        TypeError, match=r"^expected a gymnasium.Env \(or, with isolate=True, a factory of one\)"
+    ):
+        ResilientEnv(worker_envs.text_env)
+
+
+# --- no process left behind --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sixteen_isolated_envs_in_threads_with_one_hanging_all_finish_and_leave_no_process(
+    processes_before: set[int],
+) -> None:
+    hanging = 7
+
+    def rollout(index: int) -> object:
+        factory = worker_envs.hanging_step_env if index == hanging else worker_envs.text_env
+        with ResilientEnv(factory, isolate=True, step_timeout=2.0) as env:
+            env.reset(seed=index)
+            for turn in range(5):
+                observation, *_ = env.step(f"rollout {index} turn {turn}")
+        return observation
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(rollout, index) for index in range(16)]
+        outcomes = [future.exception() or future.result() for future in futures]
+    assert isinstance(outcomes[hanging], EnvTimeoutError)
+    assert outcomes[:hanging] + outcomes[hanging + 1 :] == [
+        f"rollout {index} turn 4" for index in range(16) if index != hanging
+    ]
+    assert time.monotonic() - start < 30
+    assert descendants() <= processes_before
+
+
+def test_garbage_collection_of_an_unclosed_isolated_env_closes_its_worker() -> None:
+    env = ResilientEnv(worker_envs.text_env, isolate=True)
+    worker = worker_of(env)
+    env.reset()
+    with pytest.warns(ResourceWarning, match=r"^unclosed ResilientEnv around <IsolatedEnv<ScriptableEnv"):
+        del env
+        gc.collect()
+    assert not worker.is_running()
+
+
+def test_garbage_collection_of_an_unclosed_bare_isolated_env_closes_its_worker() -> None:
+    env = IsolatedEnv(worker_envs.text_env)
+    worker = psutil.Process(env.pid)
+    with pytest.warns(
+        ResourceWarning, match=rf"^unclosed IsolatedEnv \(worker pid {worker.pid}\) was closed"
+    ):
+        del env
+        gc.collect()
+    assert not worker.is_running()
+
+
+def run_script(body: str, **popen: Any) -> subprocess.Popen[str]:
+    script = f"import sys\nsys.path.insert(0, {TESTS!r})\n" + textwrap.dedent(body)
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+@pytest.mark.slow
+def test_interpreter_exit_with_unclosed_isolated_envs_closes_them_and_leaves_no_worker() -> None:
+    child = run_script(
+        """
+        import functools
+        import worker_envs
+        from gym_resilience.env import ResilientEnv
+        from gym_resilience.testing import ScriptableEnv
+
+        envs = [
+            ResilientEnv(functools.partial(ScriptableEnv, close=worker_envs.print_on_close), isolate=True),
+            ResilientEnv(worker_envs.hanging_close_env, isolate=True, close_timeout=0.5),
+        ]
+        for env in envs:
+            env.reset()
+        print(*(env.env.pid for env in envs), flush=True)
+        """
+    )
+    stdout, stderr = child.communicate(timeout=60)
+    assert child.returncode == 0, stderr
+    pids, closed = stdout.splitlines()
+    assert closed == "inner close ran"  # the healthy env was closed, not just killed
+    for pid in map(int, pids.split()):
+        assert not psutil.pid_exists(pid)
+
+
+@pytest.mark.slow
+def test_a_hung_worker_does_not_outlive_its_parent_killed_with_sigkill() -> None:
+    child = run_script(
+        """
+        import worker_envs
+        from gym_resilience.env import ResilientEnv
+
+        env = ResilientEnv(worker_envs.hanging_step_env, isolate=True, close_timeout=0.5)
+        env.reset()
+        print(env.env.pid, flush=True)
+        env.step("sleep forever")
+        """
+    )
+    try:
+        assert child.stdout is not None
+        worker = psutil.Process(int(child.stdout.readline()))
+        helpers = psutil.Process(child.pid).children(recursive=True)  # fork server, tracker, worker
+        assert worker in helpers
+    finally:
+        child.kill()
+        child.communicate(timeout=60)
+
+    assert wait_until_ended(helpers, timeout_s=15) == []
