@@ -49,7 +49,8 @@ async def main() -> None:
     kept = sum(not t.is_placeholder for t in result.trajectories)
     print(f"{kept} of {len(tasks)} trajectories kept; the batch passes validate_batch_output")
     for failure in result.failures:
-        print(f"  placeholder for {failure.trajectory_id}: {failure.phase} turn {failure.turn}: {failure.exception}")
+        where = f"{failure.phase} turn {failure.turn}"
+        print(f"  placeholder for {failure.trajectory_id}: {where}: {failure.exception}")
     for name in ("rollout_errors", "rollout_error_rate", "reward/mean", "e2e_time/mean", "batch_time_s"):
         print(f"  {name:<20} {result.metrics[name]:.3f}")
 

@@ -71,7 +71,8 @@ class ScenarioItem(pytest.Item):
             if result.message:
                 lines.append(result.message)
             lines += [
-                f"probe {p.probe}: observed {p.observed!r}, expected {p.expected}" for p in result.deviations()
+                f"probe {p.probe}: observed {p.observed!r}, expected {p.expected}"
+                for p in result.deviations()
             ]
             raise ScenarioFailed("\n".join(lines))
 

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gym_resilience import (
     AnyTrajectory,
@@ -77,9 +77,9 @@ class Bench:
     A killed server is started again when the next scenario needs it.
     """
 
-    device: str = "cpu"
+    device: Literal["cpu", "cuda"] = "cpu"
     _stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
-    _local: Any = None
+    _local: Engine | None = None
     _served: dict[int, _Served] = field(default_factory=dict)
     _model_dir: Path | None = None
 
@@ -94,17 +94,16 @@ class Bench:
         if self._local is None:
             from gym_resilience.engines.vllm import VLLMEngine
 
-            engine = VLLMEngine(self.model_dir(), device=self.device, max_model_len=spec.max_model_len)  # type: ignore[arg-type]
+            engine = VLLMEngine(self.model_dir(), device=self.device, max_model_len=spec.max_model_len)
             self._local = await self._stack.enter_async_context(engine)
-        return self._local  # type: ignore[no-any-return]
+        return self._local
 
     async def served(self, spec: EngineSpec) -> _Served:
         if spec.servers not in self._served:
             from gym_resilience.engines.servers import aservers
 
-            device = "cuda" if self.device == "cuda" else "cpu"
             pool = await self._stack.enter_async_context(
-                aservers(spec.servers, self.model_dir(), device=device, max_model_len=spec.max_model_len)
+                aservers(spec.servers, self.model_dir(), device=self.device, max_model_len=spec.max_model_len)
             )
             self._served[spec.servers] = _Served(list(pool), self.model_dir())
         served = self._served[spec.servers]
@@ -131,10 +130,9 @@ class RunOutcome:
 
 
 def _base_factory(scenario: Scenario, tool_url: str | None) -> Callable[[Task], Any]:
-    if scenario.batch.env == "tool_use":
-        assert tool_url is not None
-        return tool_env_factory(tool_url)  # type: ignore[no-any-return]
-    return word_game_factory  # type: ignore[no-any-return]
+    if scenario.batch.env == "tool_use" and tool_url is not None:
+        return tool_env_factory(tool_url)
+    return word_game_factory
 
 
 def _load_pipeline(scenario: Scenario, folder: Path) -> Pipeline:
@@ -389,7 +387,7 @@ def _mark_placeholders(result: ScenarioResult, faulted: RunOutcome) -> None:
 async def run_scenarios(
     scenarios: Sequence[tuple[Path, Scenario]],
     *,
-    device: str = "cpu",
+    device: Literal["cpu", "cuda"] = "cpu",
     on_start: Callable[[Path, Scenario], None] | None = None,
     on_finish: Callable[[ScenarioResult], None] | None = None,
 ) -> list[ScenarioResult]:

@@ -37,7 +37,7 @@ async def generate(tasks: list[Task], env_factory: Any, engine: Engine) -> list[
             response += generation.token_ids
             mask += [1] * len(generation.token_ids)
             text = engine.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-            observation, step_reward, terminated, truncated, _ = env.step(text)
+            _, step_reward, terminated, truncated, _ = env.step(text)
             reward += float(step_reward)
             if terminated or truncated:
                 break

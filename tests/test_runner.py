@@ -321,12 +321,12 @@ async def test_more_failures_than_the_budget_raise_with_every_failure_attached()
 
 
 def test_env_deadlines_without_isolation_are_rejected() -> None:
-    with pytest.raises(UnsupportedConfigError, match="^env_step_timeout_s: needs isolate_envs=True"):
+    with pytest.raises(UnsupportedConfigError, match=r"^env_step_timeout_s: needs isolate_envs=True"):
         RunnerConfig(env_step_timeout_s=1.0)
 
 
 def test_a_failure_budget_without_skip_failed_rollouts_is_rejected() -> None:
-    with pytest.raises(UnsupportedConfigError, match="^max_failed_fraction: needs skip_failed_rollouts"):
+    with pytest.raises(UnsupportedConfigError, match=r"^max_failed_fraction: needs skip_failed_rollouts"):
         RunnerConfig(max_failed_fraction=0.5)
 
 

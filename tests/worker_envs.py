@@ -88,3 +88,8 @@ hanging_close_env = functools.partial(ScriptableEnv, close=hang)
 exiting_step_env = functools.partial(ScriptableEnv, step=exit_3)
 failing_step_env = functools.partial(ScriptableEnv, step=raise_value_error)
 failing_close_env = functools.partial(ScriptableEnv, close=raise_os_error_on_close)
+
+
+def hang_for_one_task(task: Any) -> ScriptableEnv:
+    """A batch runner env factory: the env of the task marked ``{"hang": True}`` hangs in its first step."""
+    return ScriptableEnv(step=hang) if task.env_kwargs.get("hang") else ScriptableEnv()

@@ -1,0 +1,788 @@
+"""Fault injection for chaos scenarios (DESIGN.md §6): the plan that decides, the wrappers that inject.
+
+:class:`FaultPlan` holds a scenario's faults and decides, as a function of where a call is (rollout,
+attempt, turn), whether a fault fires; every firing is appended to a JSON-lines log that threads and
+isolated env worker processes share. :class:`FaultyEnv` (a Gymnasium wrapper) and :class:`FaultyEngine`
+(an ``Engine`` wrapper) ask the plan on every call and inject what fired. Both also record a span per
+call into a :class:`SpanLog`, from which :func:`build_rollout_spans` draws the timeline of each rollout.
+
+Where a call is:
+
+- engine calls: ``gym_resilience.current_rollout()`` (rollout index, attempt, turn) inside a
+  ``BatchRunner`` rollout; outside one (a user's own pipeline) the rollout, attempt and turn are
+  unknown (None), so only ``nth_call`` and ``probability`` (drawn per call number) can target them;
+- env calls: ``current_rollout()`` in-process; in an isolated worker process (where the context
+  variable does not reach) the ``rollout_index`` and ``attempt`` that ``BatchRunner`` passes in
+  ``reset``'s ``options``; else the ``rollout`` given at construction (the task's index in the batch,
+  for user pipelines), attempt 0. The turn of ``step`` is the number of steps since ``reset`` (0-based),
+  ``reset`` has none, and ``close`` has the turn of the last step since ``reset`` (None without one).
+
+A filter on rollouts, turns or attempts never matches a call where that coordinate is unknown.
+
+Both logs are JSON lines appended with ``O_APPEND``, one ``write`` per record, so every thread and
+process may append to them at once; one open/write/close per record costs microseconds, against the
+milliseconds of an env or engine call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, SupportsFloat, TypeVar
+
+import gymnasium
+
+from gym_resilience import current_rollout
+from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
+from gym_resilience.errors import UnsupportedConfigError
+from gym_resilience.tasks import Task
+from harness.results import FaultFiring, RolloutSpan, TurnSpan
+from harness.spec import ConnectionTargeting, EngineFault, EnvFault, Fault, NetworkFault, Targeting
+
+__all__ = [
+    "BAD_RESET_OBSERVATION",
+    "BAD_REWARD",
+    "BAD_STEP_OBSERVATION",
+    "HANG_S",
+    "FaultPlan",
+    "FaultyEngine",
+    "FaultyEnv",
+    "FaultyEnvFactory",
+    "Span",
+    "SpanKind",
+    "SpanLog",
+    "build_rollout_spans",
+    "connection_fires",
+    "draw",
+    "read_firings",
+    "resolve_exception",
+]
+
+HANG_S: Final = 24 * 3600.0
+"""How long a ``hang`` sleeps: past any deadline. Only an isolated env (a process to kill) survives it."""
+
+BAD_RESET_OBSERVATION: Final = 12345
+"""What a ``bad_output`` reset returns as its observation: an int, not chat messages."""
+BAD_STEP_OBSERVATION: Final = {"text": "not a chat message"}
+"""What a ``bad_output`` step returns as its observation: a dict with no ``role`` and no ``content``."""
+BAD_REWARD: Final = "lots"
+"""What a ``bad_output`` step returns as its reward: a string that ``float()`` rejects."""
+
+SpanKind = Literal["generate", "reset", "step", "close"]
+T = TypeVar("T")
+
+
+# --- Exceptions by name. ------------------------------------------------------------------------------
+
+
+def resolve_exception(name: str) -> type[BaseException]:
+    """The exception class a scenario names, as ``harness.loader.resolve_exception`` resolves it.
+
+    Imported on first use, so isolated env workers that unpickle a plan do not import the loader (and
+    YAML): a plan carries its resolved classes with it.
+
+    Raises:
+        ValueError: the name does not resolve to an exception class.
+    """
+    from harness.loader import resolve_exception as resolve
+
+    return resolve(name)
+
+
+def _construct(cls: type[BaseException], message: str) -> BaseException:
+    return cls(message)
+
+
+# --- Decisions. ---------------------------------------------------------------------------------------
+
+
+def draw(seed: int, *key: object) -> float:
+    """A uniform draw in [0, 1) fixed by ``seed`` and ``key``: the same on every run, in every process.
+
+    Seeded from a BLAKE2 digest of the key's text, never from Python's ``hash()`` (salted per process).
+    """
+    text = ":".join(str(part) for part in (seed, *key))
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "big")).random()
+
+
+def connection_fires(when: ConnectionTargeting, *, seed: int, fault_index: int, connection: int) -> bool:
+    """Whether a network fault hits TCP connection number ``connection`` (0-based, accept order)."""
+    if when.nth_connection is not None and connection not in when.nth_connection:
+        return False
+    if when.probability is not None:
+        return draw(seed, fault_index, "connection", connection) < when.probability
+    return True
+
+
+def _append_json_line(path: Path, record: Mapping[str, Any]) -> None:
+    """One record, one ``write`` on an ``O_APPEND`` descriptor: safe from any thread or process."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _none_first(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def read_firings(log_path: Path) -> list[FaultFiring]:
+    """Every firing logged to ``log_path`` (none if it does not exist), in a deterministic order.
+
+    Sorted by rollout, attempt, turn, fault and detail (unknown coordinates first), then ``at_s``, so
+    two runs of a scenario list the same firings in the same order whatever the scheduling.
+    """
+    firings = [FaultFiring(**record) for record in _read_json_lines(log_path)]
+    return sorted(
+        firings,
+        key=lambda f: (
+            _none_first(f.rollout),
+            _none_first(f.attempt),
+            _none_first(f.turn),
+            f.fault,
+            f.detail,
+            f.at_s,
+        ),
+    )
+
+
+class FaultPlan:
+    """A scenario's faults, the decisions of when they fire, and the log of their firings.
+
+    Picklable, so it crosses into isolated env workers; every process appends to the same log.
+    ``nth_call`` counters are per process (and start at 0 in an unpickled copy): in isolated workers,
+    where each env has its own process, target with rollouts, turns or probability instead.
+
+    Args:
+        faults: The scenario's faults; a fault's index in this sequence is its identity (logs, seeds).
+        seed: The scenario's seed, from which every ``probability`` draw derives.
+        log_path: The JSON-lines file firings are appended to (created on the first firing).
+        start: ``time.time()`` when the faulted run started; firings are logged as offsets from it.
+
+    Raises:
+        UnsupportedConfigError: a fault cannot work as given (``option`` names it, e.g.
+            ``faults[2].exception``): an exception name that does not resolve, an exception class that
+            cannot be built from one message (gym_resilience's keyword-only errors), ``bad_output`` on
+            ``close`` (its return value is ignored, so the fault would do nothing).
+
+    Example:
+        >>> from harness.spec import EnvFault, Targeting
+        >>> plan = FaultPlan([EnvFault(target="env", kind="raise", when=Targeting(turns=[1]))],
+        ...                  seed=0, log_path=Path("/dev/null"), start=time.time())
+        >>> plan.fires(0, rollout=3, attempt=0, turn=1), plan.fires(0, rollout=3, attempt=0, turn=0)
+        (True, False)
+    """
+
+    def __init__(self, faults: Sequence[Fault], seed: int, log_path: Path, start: float) -> None:
+        self.faults: tuple[Fault, ...] = tuple(faults)
+        self.seed = seed
+        self.log_path = Path(log_path)
+        self.start = start
+        self._exceptions: dict[int, type[BaseException]] = {}
+        self._calls: dict[int, int] = {}
+        self._lock = threading.Lock()
+        for index, fault in enumerate(self.faults):
+            self._check(index, fault)
+
+    def _check(self, index: int, fault: Fault) -> None:
+        if isinstance(fault, EnvFault) and fault.kind == "bad_output" and fault.method == "close":
+            raise UnsupportedConfigError(
+                "bad_output cannot target close: close() returns nothing, so the fault would do nothing",
+                option=f"faults[{index}].method",
+            )
+        if isinstance(fault, NetworkFault) or fault.kind != "raise":
+            return
+        option = f"faults[{index}].exception"
+        try:
+            cls = resolve_exception(fault.exception)
+        except ValueError as exc:
+            raise UnsupportedConfigError(str(exc), option=option) from exc
+        try:
+            _construct(cls, fault.message)
+        except Exception as exc:
+            raise UnsupportedConfigError(
+                f"{fault.exception} cannot be raised from a message alone ({type(exc).__name__}: {exc}); "
+                "name an exception class whose constructor takes one message, such as RuntimeError, "
+                "ConnectionResetError or EnvError",
+                option=option,
+            ) from exc
+        self._exceptions[index] = cls
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_calls"] = {}  # nth_call counts are per process: see the class docstring
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def env_faults(self, method: str) -> list[tuple[int, EnvFault]]:
+        """The env faults on ``method``, with their indices."""
+        return [(i, f) for i, f in enumerate(self.faults) if isinstance(f, EnvFault) and f.method == method]
+
+    def engine_faults(self) -> list[tuple[int, EngineFault]]:
+        """The engine faults, with their indices."""
+        return [(i, f) for i, f in enumerate(self.faults) if isinstance(f, EngineFault)]
+
+    def network_faults(self, link: str) -> list[tuple[int, NetworkFault]]:
+        """The network faults on ``link`` (``engine`` or ``tool``), with their indices, for a FaultProxy."""
+        return [(i, f) for i, f in enumerate(self.faults) if isinstance(f, NetworkFault) and f.link == link]
+
+    def fires(
+        self,
+        fault_index: int,
+        *,
+        rollout: int | None,
+        attempt: int | None,
+        turn: int | None,
+        call: int | None = None,
+    ) -> bool:
+        """Whether env or engine fault ``fault_index`` hits a call at (rollout, attempt, turn).
+
+        Every given filter of the fault's ``Targeting`` must match. ``probability`` draws from
+        (seed, fault index, rollout, attempt, turn, ``call``), where ``call`` distinguishes calls whose
+        coordinates are unknown (an engine call outside a rollout passes its call number). ``nth_call``
+        counts last, among calls that passed every other filter, so this call changes the count.
+        """
+        fault = self.faults[fault_index]
+        if isinstance(fault, NetworkFault):
+            raise TypeError(f"fault {fault_index} is a network fault: decide with connection_fires")
+        when: Targeting = fault.when
+        if when.rollouts is not None and rollout not in when.rollouts:
+            return False
+        if when.turns is not None and turn not in when.turns:
+            return False
+        if when.attempts is not None and attempt not in when.attempts:
+            return False
+        if when.probability is not None and (
+            draw(self.seed, fault_index, rollout, attempt, turn, call) >= when.probability
+        ):
+            return False
+        if when.nth_call is not None:
+            with self._lock:
+                number = self._calls.get(fault_index, 0)
+                self._calls[fault_index] = number + 1
+            return number in when.nth_call
+        return True
+
+    def exception(self, fault_index: int) -> BaseException:
+        """A fresh instance of the exception a ``raise`` fault raises, marked as injected in a note."""
+        fault = self.faults[fault_index]
+        if isinstance(fault, NetworkFault) or fault.kind != "raise":
+            raise TypeError(f"fault {fault_index} is not a raise fault")
+        cls = self._exceptions.get(fault_index) or resolve_exception(fault.exception)
+        error = _construct(cls, fault.message)
+        error.add_note(f"injected by chaos fault {fault_index}")
+        return error
+
+    def record(
+        self, fault_index: int, *, rollout: int | None, attempt: int | None, turn: int | None, detail: str
+    ) -> FaultFiring:
+        """Log that fault ``fault_index`` fired, and return the record."""
+        fault = self.faults[fault_index]
+        firing = FaultFiring(
+            fault=fault_index,
+            kind=fault.kind,
+            target=fault.target,
+            rollout=rollout,
+            attempt=attempt,
+            turn=turn,
+            detail=detail,
+            at_s=time.time() - self.start,
+        )
+        self.log(firing)
+        return firing
+
+    def log(self, firing: FaultFiring) -> None:
+        """Append ``firing`` to the log (for injectors that build their own record, as the proxy does)."""
+        _append_json_line(self.log_path, dataclasses.asdict(firing))
+
+    def firings(self) -> list[FaultFiring]:
+        """Every firing logged so far, by any process, in ``read_firings`` order."""
+        return read_firings(self.log_path)
+
+
+# --- Spans: the timeline of each rollout. ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One env or engine call as logged: offsets from the run's start; ``end_s`` None if it never ended."""
+
+    kind: SpanKind
+    rollout: int | None
+    attempt: int | None
+    turn: int | None
+    start_s: float
+    end_s: float | None
+    failed: bool
+
+
+class SpanLog:
+    """The calls of a faulted run, appended as JSON lines to ``path``.
+
+    A file rather than an in-memory list, so env calls in isolated worker processes land in the same
+    timeline as in-process ones; it is picklable for the same reason. A call that never returns (a
+    ``hang``) is logged when it starts, with no end.
+    """
+
+    def __init__(self, path: Path, start: float) -> None:
+        self.path = Path(path)
+        self.start = start
+
+    def record(
+        self,
+        kind: SpanKind,
+        *,
+        rollout: int | None,
+        attempt: int | None,
+        turn: int | None,
+        started: float,
+        ended: float | None,
+        failed: bool,
+    ) -> None:
+        """Log one call; ``started`` and ``ended`` are ``time.time()`` values."""
+        span = Span(
+            kind=kind,
+            rollout=rollout,
+            attempt=attempt,
+            turn=turn,
+            start_s=started - self.start,
+            end_s=None if ended is None else ended - self.start,
+            failed=failed,
+        )
+        _append_json_line(self.path, dataclasses.asdict(span))
+
+    @contextmanager
+    def span(
+        self, kind: SpanKind, *, rollout: int | None, attempt: int | None, turn: int | None
+    ) -> Iterator[None]:
+        """Log the enclosed call, failed if anything (``KeyboardInterrupt`` included) escapes it."""
+        started = time.time()
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            ended = time.time()
+            where = {"rollout": rollout, "attempt": attempt, "turn": turn}
+            self.record(kind, **where, started=started, ended=ended, failed=failed)
+
+    def read(self) -> list[Span]:
+        """Every span logged so far, by any process, in order of start."""
+        spans = [Span(**record) for record in _read_json_lines(self.path)]
+        return sorted(spans, key=lambda s: (s.start_s, _none_first(s.rollout), _none_first(s.turn), s.kind))
+
+
+def build_rollout_spans(
+    span_log: SpanLog | Sequence[Span], n_rollouts: int, *, until_s: float | None = None
+) -> list[RolloutSpan]:
+    """One ``RolloutSpan`` per rollout index ``0 .. n_rollouts - 1``, its calls by attempt, then start.
+
+    ``span_log`` is the log, or the spans already read from it (``SpanLog.read()``).
+
+    Calls outside any known rollout (an engine call in a user's pipeline) are left out. A call that
+    never ended (a hang, whose worker a deadline killed) counts as failed and ends where its rollout's
+    next call starts (a retry), else at ``until_s``, else at the last moment anything was logged: the
+    kill itself is not logged, so this is an upper bound. ``placeholder`` and ``error`` are left for
+    the caller, who knows the batch's failures.
+    """
+    spans = span_log.read() if isinstance(span_log, SpanLog) else list(span_log)
+    last = max((s.end_s if s.end_s is not None else s.start_s for s in spans), default=0.0)
+    open_end = until_s if until_s is not None else last
+    by_rollout: list[list[Span]] = [[] for _ in range(n_rollouts)]
+    for span in spans:
+        if span.rollout is not None and 0 <= span.rollout < n_rollouts:
+            by_rollout[span.rollout].append(span)
+    rollouts = []
+    for index, calls in enumerate(by_rollout):
+        calls.sort(key=lambda s: (_none_first(s.attempt), s.start_s))
+        turn_spans = []
+        for position, span in enumerate(calls):
+            end_s = span.end_s
+            if end_s is None:
+                later = [s.start_s for s in calls[position + 1 :] if s.start_s >= span.start_s]
+                end_s = min(later) if later else max(open_end, span.start_s)
+            turn_spans.append(
+                TurnSpan(
+                    kind=span.kind,
+                    turn=span.turn,
+                    attempt=span.attempt or 0,
+                    start_s=span.start_s,
+                    end_s=end_s,
+                    failed=span.failed or span.end_s is None,
+                )
+            )
+        rollouts.append(RolloutSpan(index=index, spans=turn_spans))
+    return rollouts
+
+
+# --- The env wrapper. -----------------------------------------------------------------------------------
+
+
+class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Injects a plan's env faults into ``reset``, ``step`` and ``close``, and logs a span per call.
+
+    Fault kinds: ``raise`` (the named exception, built from the message), ``delay`` (sleep, then the
+    real call), ``hang`` (sleep :data:`HANG_S`: only an isolated env, whose worker a deadline kills,
+    gets past it), ``interrupt`` (``KeyboardInterrupt``), ``bad_output`` (the real call, whose result is
+    then replaced: ``reset`` returns :data:`BAD_RESET_OBSERVATION`; ``step`` returns
+    :data:`BAD_STEP_OBSERVATION` and :data:`BAD_REWARD`). Delays apply first; then the first other
+    fault that fired, in scenario order, applies alone. On ``close`` the inner env is closed whatever
+    the fault (but a hang), so an injected close failure leaks nothing. Where each call is (rollout,
+    attempt, turn): see the module docstring.
+
+    Args:
+        env: The env to inject into.
+        plan: The faults; None injects nothing (the wrapper then only records spans).
+        spans: Where to log each call's span; None logs none.
+        rollout: The rollout index to use when neither ``current_rollout()`` nor ``reset``'s options
+            say (a user pipeline outside ``BatchRunner``: the task's index in the batch).
+        sleep: How ``delay`` and ``hang`` sleep (tests inject a fake; it must pickle for isolated envs).
+
+    Example:
+        >>> from gym_resilience.task_gen import word_game_factory, generate_tasks
+        >>> from harness.spec import EnvFault
+        >>> task = generate_tasks(1, seed=0)[0]
+        >>> plan = FaultPlan([EnvFault(target="env", kind="raise", exception="ConnectionResetError")],
+        ...                  seed=0, log_path=Path("/dev/null"), start=time.time())
+        >>> env = FaultyEnv(word_game_factory(task), plan, rollout=0)
+        >>> _ = env.reset(options={"task": task})
+        >>> env.step("e")
+        Traceback (most recent call last):
+        ...
+        ConnectionResetError: injected fault
+    """
+
+    def __init__(
+        self,
+        env: gymnasium.Env[Any, Any],
+        plan: FaultPlan | None = None,
+        *,
+        spans: SpanLog | None = None,
+        rollout: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(env)
+        self.plan = plan
+        self.spans = spans
+        self.fallback_rollout = rollout
+        self._sleep = sleep
+        self._from_options: tuple[int, int] | None = None
+        self._steps = 0
+        self._faults: dict[str, list[tuple[int, EnvFault]]] = {
+            method: plan.env_faults(method) if plan is not None else []
+            for method in ("reset", "step", "close")
+        }
+
+    def _identity(self) -> tuple[int | None, int | None]:
+        progress = current_rollout()
+        if progress is not None:
+            return progress.rollout_index, progress.attempt
+        if self._from_options is not None:
+            return self._from_options
+        return self.fallback_rollout, None if self.fallback_rollout is None else 0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset the inner env, unless a reset fault preempts it."""
+        index, attempt = (options or {}).get("rollout_index"), (options or {}).get("attempt", 0)
+        if isinstance(index, int) and isinstance(attempt, int):
+            self._from_options = (index, attempt)
+        self._steps = 0
+        rollout, attempt_now = self._identity()
+        with self._span("reset", rollout, attempt_now, None):
+            return self._call(
+                "reset", rollout, attempt_now, None, lambda: self.env.reset(seed=seed, options=options)
+            )
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step the inner env, unless a step fault preempts it; the turn is the steps since reset."""
+        turn, self._steps = self._steps, self._steps + 1
+        rollout, attempt = self._identity()
+        with self._span("step", rollout, attempt, turn):
+            return self._call("step", rollout, attempt, turn, lambda: self.env.step(action))
+
+    def close(self) -> None:
+        """Close the inner env; a close fault applies first, but the inner env is closed regardless."""
+        turn = self._steps - 1 if self._steps else None
+        rollout, attempt = self._identity()
+        with self._span("close", rollout, attempt, turn):
+            try:
+                self._call("close", rollout, attempt, turn, lambda: None)
+            finally:
+                self.env.close()
+
+    @contextmanager
+    def _span(
+        self, kind: SpanKind, rollout: int | None, attempt: int | None, turn: int | None
+    ) -> Iterator[None]:
+        if self.spans is None:
+            yield
+        else:
+            with self.spans.span(kind, rollout=rollout, attempt=attempt, turn=turn):
+                yield
+
+    def _call(
+        self,
+        method: SpanKind,
+        rollout: int | None,
+        attempt: int | None,
+        turn: int | None,
+        real: Callable[[], T],
+    ) -> T:
+        plan = self.plan
+        faults = self._faults[method]
+        if plan is None or not faults:
+            return real()
+        fired = [(i, f) for i, f in faults if plan.fires(i, rollout=rollout, attempt=attempt, turn=turn)]
+        where = {"rollout": rollout, "attempt": attempt, "turn": turn}
+        for index, fault in fired:
+            if fault.kind == "delay":
+                plan.record(index, **where, detail=f"{method} delayed {fault.delay_s:g} s")
+                self._sleep(fault.delay_s)
+        effect = next(((i, f) for i, f in fired if f.kind != "delay"), None)
+        if effect is None:
+            return real()
+        index, fault = effect
+        if fault.kind == "raise":
+            error = plan.exception(index)
+            plan.record(index, **where, detail=f"{method} raised {type(error).__name__}: {error}")
+            raise error
+        if fault.kind == "interrupt":
+            plan.record(index, **where, detail=f"{method} interrupted")
+            raise KeyboardInterrupt(fault.message)
+        if fault.kind == "hang":
+            plan.record(index, **where, detail=f"{method} hung")
+            if self.spans is not None:
+                now = time.time()
+                self.spans.record(method, **where, started=now, ended=None, failed=True)
+            self._sleep(HANG_S)
+            return real()
+        # bad_output: the env did its work, and its answer is garbage.
+        result = real()
+        plan.record(index, **where, detail=f"{method} returned bad output")
+        bad: T = _bad_output(method, result)
+        return bad
+
+
+def _bad_output(method: str, result: Any) -> Any:
+    if method == "reset":
+        _, info = result
+        return BAD_RESET_OBSERVATION, info
+    _, _, terminated, truncated, info = result
+    return dict(BAD_STEP_OBSERVATION), BAD_REWARD, terminated, truncated, info
+
+
+@dataclass(frozen=True)
+class FaultyEnvFactory:
+    """An env factory that wraps each env of ``base_factory`` in a :class:`FaultyEnv`.
+
+    Picklable when ``base_factory`` is, so isolated envs (built in worker processes) work.
+    ``index_of`` maps a task's ``instance_id`` to its index in the batch: the fallback rollout index
+    when the env cannot learn it otherwise (a user pipeline outside ``BatchRunner``).
+    """
+
+    base_factory: Callable[[Task], gymnasium.Env[Any, Any]]
+    plan: FaultPlan | None
+    index_of: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    spans: SpanLog | None = None
+    sleep: Callable[[float], None] = time.sleep
+
+    def __call__(self, task: Task) -> FaultyEnv:
+        return FaultyEnv(
+            self.base_factory(task),
+            self.plan,
+            spans=self.spans,
+            rollout=self.index_of.get(task.instance_id),
+            sleep=self.sleep,
+        )
+
+
+# --- The engine wrapper. --------------------------------------------------------------------------------
+
+
+class FaultyEngine:
+    """An ``Engine`` that injects a plan's engine faults into ``generate``, and logs a span per call.
+
+    Fault kinds: ``raise`` (before generating), ``delay`` (``asyncio.sleep``, then generate; inside the
+    runner's generation deadline), ``abort`` (generate, then keep the first half of the tokens, at least
+    one, with finish reason ``abort`` and logprobs trimmed to match), ``kill`` (once per fault: when the
+    request numbered ``after_requests`` (0-based, counting every request) or a later one that passes
+    the fault's targeting starts, call ``kill(server)``, then send the request anyway, to the dying
+    server). Delays and kills apply first, then a raise; an abort applies to the generation.
+
+    Every other attribute (``start``, ``close``, ``stats``, ...) is the inner engine's, and
+    ``async with`` enters and exits the inner engine.
+
+    Args:
+        engine: The engine to wrap.
+        plan: The faults; None injects nothing (the wrapper then only records spans).
+        spans: Where to log each call's span; None logs none.
+        kill: ``kill(server_index)`` SIGKILLs a served engine's process; required by a ``kill`` fault.
+
+    Raises:
+        UnsupportedConfigError: the plan has a ``kill`` fault and no ``kill`` callback was given.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        plan: FaultPlan | None = None,
+        *,
+        spans: SpanLog | None = None,
+        kill: Callable[[int], object] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.spans = spans
+        self._kill = kill
+        self._faults = plan.engine_faults() if plan is not None else []
+        if kill is None and any(f.kind == "kill" for _, f in self._faults):
+            index = next(i for i, f in self._faults if f.kind == "kill")
+            raise UnsupportedConfigError(
+                "a kill fault needs served engine processes to kill: FaultyEngine got no kill callback",
+                option=f"faults[{index}].kind",
+            )
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._killed: set[int] = set()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def requests(self) -> int:
+        """How many ``generate`` calls were made so far."""
+        return self._requests
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found normally: everything else is the inner engine's.
+        if name == "engine":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    async def __aenter__(self) -> FaultyEngine:
+        await self.engine.__aenter__()  # type: ignore[attr-defined]
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> object:
+        return await self.engine.__aexit__(exc_type, exc, tb)  # type: ignore[attr-defined]
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        """Generate through the inner engine, with whatever engine faults fire on this call."""
+        with self._lock:
+            call, self._requests = self._requests, self._requests + 1
+        progress = current_rollout()
+        rollout: int | None = None
+        attempt: int | None = None
+        turn: int | None = None
+        if progress is not None:
+            rollout, attempt, turn = progress.rollout_index, progress.attempt, progress.turn
+        if self.spans is None:
+            return await self._generate(prompt_ids, sampling, call, rollout, attempt, turn)
+        with self.spans.span("generate", rollout=rollout, attempt=attempt, turn=turn):
+            return await self._generate(prompt_ids, sampling, call, rollout, attempt, turn)
+
+    def _decide(
+        self, call: int, rollout: int | None, attempt: int | None, turn: int | None
+    ) -> list[tuple[int, EngineFault]]:
+        """The faults that fire on request number ``call``: pure but for nth_call counts and kill-once."""
+        plan = self.plan
+        if plan is None:
+            return []
+        # Inside a rollout its coordinates key the probability draw, and the request's number (which
+        # depends on scheduling) must not; outside one the number is all there is.
+        where = {
+            "rollout": rollout,
+            "attempt": attempt,
+            "turn": turn,
+            "call": call if rollout is None else None,
+        }
+        fired: list[tuple[int, EngineFault]] = []
+        for index, fault in self._faults:
+            if fault.kind == "kill":
+                with self._lock:
+                    if index in self._killed or call < fault.after_requests:
+                        continue
+                    if not plan.fires(index, **where):
+                        continue
+                    self._killed.add(index)
+            elif not plan.fires(index, **where):
+                continue
+            fired.append((index, fault))
+        return fired
+
+    async def _generate(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        call: int,
+        rollout: int | None,
+        attempt: int | None,
+        turn: int | None,
+    ) -> Generation:
+        fired = self._decide(call, rollout, attempt, turn)
+        plan = self.plan
+        if plan is None or not fired:
+            return await self.engine.generate(prompt_ids, sampling)
+        where = {"rollout": rollout, "attempt": attempt, "turn": turn}
+        for index, fault in fired:
+            if fault.kind == "delay":
+                plan.record(index, **where, detail=f"generate delayed {fault.delay_s:g} s")
+                await asyncio.sleep(fault.delay_s)
+            elif fault.kind == "kill" and self._kill is not None:
+                plan.record(index, **where, detail=f"killed server {fault.server} at request {call}")
+                self._kill(fault.server)
+        raising = next((i for i, f in fired if f.kind == "raise"), None)
+        if raising is not None:
+            error = plan.exception(raising)
+            plan.record(raising, **where, detail=f"generate raised {type(error).__name__}: {error}")
+            raise error
+        generation = await self.engine.generate(prompt_ids, sampling)
+        aborting = next((i for i, f in fired if f.kind == "abort"), None)
+        if aborting is None:
+            return generation
+        aborted = _aborted(generation)
+        plan.record(
+            aborting,
+            **where,
+            detail=f"generate aborted after {len(aborted.token_ids)} of {len(generation.token_ids)} tokens",
+        )
+        return aborted
+
+
+def _aborted(generation: Generation) -> Generation:
+    """The generation cut to its first half (at least one token, if it had any), finish reason abort."""
+    total = len(generation.token_ids)
+    keep = min(total, max(1, total // 2))
+    logprobs = None if generation.logprobs is None else list(generation.logprobs[:keep])
+    return Generation(token_ids=list(generation.token_ids[:keep]), logprobs=logprobs, finish_reason="abort")
