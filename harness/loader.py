@@ -664,6 +664,18 @@ def _fault_problems(
                 "link 'engine' needs a served engine (engine.kind: served): the fault proxy sits on the "
                 f"HTTP connection to vllm serve, and engine.kind is {scenario.engine.kind!r}",
             )
+        if (
+            fault.link == "engine"
+            and fault.endpoint is not None
+            and fault.endpoint >= scenario.engine.servers
+        ):
+            yield _Problem(
+                (*at, "endpoint"),
+                f"endpoint {fault.endpoint} does not exist: engine.servers is {scenario.engine.servers} "
+                "(endpoints are numbered from 0)",
+            )
+        if fault.link == "tool" and fault.endpoint is not None:
+            yield _Problem((*at, "endpoint"), "endpoint only goes with link 'engine': the tool server is one")
         if fault.link == "tool" and scenario.batch.env != "tool_use":
             yield _Problem(
                 (*at, "link"),

@@ -164,7 +164,12 @@ async def _engine_for(
     urls = [server.url for server in served.servers]
     faults = _network_faults(scenario, "engine") if with_faults else []
     if faults:
-        urls = [proxies.enter_context(FaultProxy(url, faults, plan)).url for url in urls]
+        urls = [
+            proxies.enter_context(
+                FaultProxy(url, [(i, f) for i, f in faults if f.endpoint in (None, endpoint)], plan)
+            ).url
+            for endpoint, url in enumerate(urls)
+        ]
     async with OpenAIEngine(urls, tokenizer_dir=served.model_dir) as engine:
         yield engine, served.kill, lambda: engine.stats.failovers
 

@@ -87,12 +87,14 @@ class EngineFault(_Model):
 class NetworkFault(_Model):
     """A fault on a real TCP connection through the loopback fault proxy in front of ``link``:
     ``latency`` (each chunk delayed ``latency_s``), ``reset_peer`` (the connection is reset), ``timeout``
-    (data stops flowing; the client's own timeout fires).
+    (data stops flowing; the client's own timeout fires). On the engine link each served endpoint has
+    its own proxy (and connection count); ``endpoint`` picks one, None puts the fault on all of them.
     """
 
     target: Literal["network"]
     kind: Literal["latency", "reset_peer", "timeout"]
     link: Literal["engine", "tool"]
+    endpoint: Annotated[int, Field(ge=0)] | None = None
     latency_s: Annotated[float, Field(gt=0)] = 0.05
     when: ConnectionTargeting = ConnectionTargeting()
 
