@@ -11,6 +11,9 @@ from gym_resilience import (
     AllRolloutsFailedError,
     BatchRunner,
     EnvStepError,
+    FailureBudgetExceededError,
+    RetryPolicy,
+    RolloutTimeoutError,
     RunnerConfig,
     StepWiseTrajectory,
     Trajectory,
@@ -173,3 +176,62 @@ async def test_mutating_one_placeholder_changes_no_other(vllm_engine) -> None:
     first.rollout_logprobs[0] = -2.0
     assert second.reward == [0.0] and second.loss_mask == [0] and second.rollout_logprobs == [0.0]
     assert result.output.rewards[1] == [0.0]
+
+
+def flaky_first_attempt(instance_ids: set[str], turn: int):
+    """Raises ConnectionError at ``turn`` in the first attempt of each named task only."""
+    from gym_resilience import current_rollout
+
+    def fault(phase: str, instance_id: str, t: int) -> None:
+        rollout = current_rollout()
+        if phase == "step" and instance_id in instance_ids and t == turn and rollout and rollout.attempt == 0:
+            raise ConnectionError("sandbox connection dropped")
+
+    return fault
+
+
+FAST_RETRY = RetryPolicy(attempts=3, initial_delay_s=0.01, max_delay_s=0.05, jitter_s=0.01)
+
+
+async def test_a_transient_failure_at_turn_two_is_retried_and_equals_the_fault_free_rollout(
+    vllm_engine,
+) -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, max_tokens=16, retry=FAST_RETRY)
+    clean = await run(vllm_engine, config, EnvLedger(), n=6)
+    ledger = EnvLedger()
+    result = await run(vllm_engine, config, ledger, flaky_first_attempt({"t1", "t4"}, turn=1), n=6)
+    assert not result.failures
+    assert [without_timings(t) for t in result.trajectories] == [
+        without_timings(t) for t in clean.trajectories
+    ]
+    assert result.metrics["retries"] == 2.0 and result.metrics["retries/succeeded"] == 2.0
+    assert ledger.created == 8 and ledger.open_envs() == 0
+
+
+async def test_exhausted_retries_become_a_placeholder(vllm_engine) -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=8, retry=FAST_RETRY)
+    ledger = EnvLedger()
+    result = await run(vllm_engine, config, ledger, fail_on({"t0"}, turn=1, exc=ConnectionError), n=3)
+    assert result.trajectories[0].is_placeholder and result.failures[0].attempts == 3
+    assert result.metrics["retries/exhausted"] == 1.0
+    assert ledger.created == 5 and ledger.open_envs() == 0
+
+
+async def test_the_failure_budget_raises_with_every_failure_attached(vllm_engine) -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_tokens=8, max_failed_fraction=0.25)
+    with pytest.raises(FailureBudgetExceededError) as info:
+        await run(vllm_engine, config, EnvLedger(), fail_on({"t0", "t1", "t2"}, turn=0), n=8)
+    assert len(info.value.exceptions) == 3 and all(isinstance(e, EnvStepError) for e in info.value.exceptions)
+
+
+async def test_a_generation_past_its_deadline_is_aborted_in_vllm_which_then_serves_normally(
+    vllm_engine,
+) -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_tokens=400, generation_timeout_s=0.001)
+    slow = RunnerConfig(skip_failed_rollouts=True, max_turns=1, max_tokens=8)
+    with pytest.raises(AllRolloutsFailedError) as info:
+        await run(vllm_engine, config, EnvLedger(), n=2)
+    assert all(isinstance(e, RolloutTimeoutError) and e.phase == "generate" for e in info.value.exceptions)
+    assert vllm_engine.num_unfinished_requests == 0 and vllm_engine.num_in_flight == 0
+    after = await run(vllm_engine, slow, EnvLedger(), n=2)
+    assert not after.failures and all(len(t.response_ids) >= 1 for t in after.trajectories)
