@@ -27,7 +27,9 @@ class RunnerConfig:
         token_level_rewards: one reward per response token (each turn's reward on its last generated
             token) instead of one float per trajectory.
         step_wise: one trajectory per turn (``StepWiseTrajectory``) for step-wise training.
-        batched: the single-turn path: reset every env, generate for all prompts at once, step once.
+        batched: the seed's single-turn path (``max_turns=1``). Engines batch concurrent requests
+            themselves, so it runs the same loop; it is kept so ported configurations mean the same,
+            and ``skip_failed_rollouts`` is rejected with it as in the seed.
         return_routed_experts: return MoE routed-expert indices (no bundled engine provides them).
         zero_reward_on_non_stop: zero the reward of rows whose stop reason is not ``"stop"``.
         apply_overlong_filtering: zero the loss mask of rows whose stop reason is not ``"stop"``.

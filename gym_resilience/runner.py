@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -94,8 +95,8 @@ class BatchRunner:
     def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
         if not tasks:
             raise UnsupportedConfigError("generate() needs at least one task", option="tasks")
-        ids = [task.instance_id for task in tasks]
-        duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+        counts = Counter(task.instance_id for task in tasks)
+        duplicates = sorted(instance_id for instance_id, count in counts.items() if count > 1)
         if duplicates:
             raise UnsupportedConfigError(
                 f"instance ids must be unique, repeated: {duplicates}", option="tasks"
