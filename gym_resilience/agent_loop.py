@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -92,6 +93,25 @@ def as_messages(observation: object) -> list[ChatMessage]:
         f"a text env must return chat messages or a string, got {type(observation).__name__}: "
         f"{observation!r:.80}"
     )
+
+
+def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str, Any]]:
+    """An env's ``step`` result, or a TypeError that says which part is wrong and what it was."""
+    if not isinstance(result, tuple) or len(result) != 5:
+        raise TypeError(
+            f"env.step must return (observation, reward, terminated, truncated, info), got {result!r:.80}"
+        )
+    observation, reward, terminated, truncated, info = result
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        raise TypeError(
+            f"env.step returned a reward of type {type(reward).__name__} ({reward!r:.40}), expected a number"
+        )
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool | numbers.Integral) and type(flag).__name__ != "bool_":  # numpy's bool
+            raise TypeError(f"env.step returned {name}={flag!r:.40}, expected a bool")
+    if not isinstance(info, Mapping):
+        raise TypeError(f"env.step returned info of type {type(info).__name__}, expected a dict")
+    return observation, float(reward), bool(terminated), bool(truncated), info
 
 
 @dataclass
@@ -226,7 +246,18 @@ async def run_agent_loop(
         await _close_after_failure(env, call, exc, config.close_timeout_s)
         raise
     progress.phase = "close"
-    await call(env.close)
+    closing = asyncio.ensure_future(call(env.close))
+    # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise.
+    if not await _wait_through_cancellation(closing, config.close_timeout_s):
+        raise RolloutTimeoutError(
+            rollout_index=progress.rollout_index,
+            phase="close",
+            turn=progress.turn,
+            elapsed_s=progress.elapsed(),
+            timeout_s=config.close_timeout_s,
+            what="env close",
+        )
+    closing.result()
     return result
 
 
@@ -332,8 +363,8 @@ async def _turns(
         if generation.finish_reason == "abort":
             break
         progress.phase = "step"
-        observation, reward, terminated, truncated, info = await call(
-            env.step, codec.decode(generation.token_ids)
+        observation, reward, terminated, truncated, info = checked_step(
+            await call(env.step, codec.decode(generation.token_ids))
         )
         record.info = info
         record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))

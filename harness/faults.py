@@ -476,6 +476,7 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         Traceback (most recent call last):
         ...
         ConnectionResetError: injected fault
+        injected by chaos fault 0
     """
 
     def __init__(

@@ -356,3 +356,48 @@ async def test_engine_and_env_calls_can_tell_which_rollout_they_serve() -> None:
         for phase, turn in [("reset", None), ("generate", 0), ("step", 0), ("generate", 1), ("step", 1)]
     )
     assert current_rollout() is None
+
+
+@pytest.mark.parametrize(
+    ("step_result", "message"),
+    [
+        ("oops", "env.step must return (observation, reward, terminated, truncated, info), got 'oops'"),
+        (
+            ([], "lots", False, False, {}),
+            "env.step returned a reward of type str ('lots'), expected a number",
+        ),
+        (([], 1.0, "no", False, {}), "env.step returned terminated='no', expected a bool"),
+        (([], 1.0, False, False, None), "env.step returned info of type NoneType, expected a dict"),
+    ],
+)
+def test_a_malformed_step_result_is_a_type_error_naming_what_was_wrong(step_result, message) -> None:
+    from gym_resilience.agent_loop import checked_step
+
+    with pytest.raises(TypeError) as info:
+        checked_step(step_result)
+    assert str(info.value) == message
+
+
+async def test_a_rollout_cancelled_while_closing_its_env_still_closes_it() -> None:
+    from doubles import CountingTextEnv
+
+    class SlowClose(CountingTextEnv):
+        def close(self) -> None:
+            time.sleep(0.3)
+            super().close()
+
+    def interrupt_t0(phase: str, instance_id: str, turn: int) -> None:
+        if phase == "step" and instance_id == "t0" and turn == 1:
+            time.sleep(0.1)
+            raise KeyboardInterrupt
+
+    ledger = EnvLedger()
+    env_factory = lambda task: (CountingTextEnv if task.instance_id == "t0" else SlowClose)(  # noqa: E731
+        task, ledger, interrupt_t0, 2
+    )
+    # The other rollouts reach their final close while t0 still steps; the interrupt then cancels
+    # them mid-close. Their envs must be closed all the same before the interrupt propagates.
+    runner = BatchRunner(ScriptedEngine(), env_factory, RunnerConfig(skip_failed_rollouts=True, max_turns=2))
+    with pytest.raises(KeyboardInterrupt):
+        await runner.generate(tasks(6))
+    assert ledger.created == 6 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
