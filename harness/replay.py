@@ -127,6 +127,7 @@ class RunOutcome:
     firings: list[Any] = field(default_factory=list)
     spans: list[Any] = field(default_factory=list)
     failovers: int = 0
+    end_s: float | None = None
 
 
 def _base_factory(scenario: Scenario, tool_url: str | None) -> Callable[[Task], Any]:
@@ -232,6 +233,7 @@ async def run_batch(
                     raise
                 error = exc
             wall_s = time.perf_counter() - start
+            end_s = time.time() - plan.start
             moved = failovers() - before
     return RunOutcome(
         trajectories=trajectories,
@@ -243,6 +245,7 @@ async def run_batch(
         firings=read_firings(plan.log_path),
         spans=spans.read(),
         failovers=moved,
+        end_s=end_s,
     )
 
 
@@ -363,7 +366,9 @@ async def run_scenario(path: Path, scenario: Scenario, bench: Bench) -> Scenario
         ]
         result.probes = probes
         result.firings = faulted.firings
-        result.rollouts = build_rollout_spans(faulted.spans, len(tasks) * config.n_samples_per_prompt)
+        result.rollouts = build_rollout_spans(
+            faulted.spans, len(tasks) * config.n_samples_per_prompt, until_s=faulted.end_s
+        )
         _mark_placeholders(result, faulted)
         result.outcome = probes[0].observed
         result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s
