@@ -121,14 +121,14 @@ def _raised_reply(error: BaseException) -> tuple[Any, ...]:
 
 def _reply(conn: Connection[Any, Any], value: Any) -> None:
     try:
-        data = ForkingPickler.dumps(("ok", value))
+        data = bytes(ForkingPickler.dumps(("ok", value)))
     except Exception as exc:  # the value does not pickle: that is the call's failure
-        data = ForkingPickler.dumps(_raised_reply(exc))
+        data = bytes(ForkingPickler.dumps(_raised_reply(exc)))
     conn.send_bytes(data)
 
 
 def _reply_raised(conn: Connection[Any, Any], error: BaseException) -> None:
-    conn.send_bytes(ForkingPickler.dumps(_raised_reply(error)))
+    conn.send_bytes(bytes(ForkingPickler.dumps(_raised_reply(error))))
 
 
 def _describe(env: gymnasium.Env[Any, Any]) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def _serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: E
     env: gymnasium.Env[Any, Any] | None = None
     try:
         env = env_fn()
-        ready = ForkingPickler.dumps(("ok", _describe(env)))
+        ready = bytes(ForkingPickler.dumps(("ok", _describe(env))))
     except BaseException as exc:
         if env is not None:
             with contextlib.suppress(Exception):
@@ -318,7 +318,7 @@ class _Worker:
             EnvClosedError: the worker was closed before, or by ``close`` from another thread meanwhile.
         """
         # An action that cannot be pickled fails here, before anything was sent: the worker is fine.
-        message = ForkingPickler.dumps((command, payload))
+        message = bytes(ForkingPickler.dumps((command, payload)))
         with self._call_lock:
             if self._state is not _State.RUNNING:
                 raise EnvClosedError(operation=operation, env_id=self.env_id)
@@ -474,7 +474,7 @@ class _Worker:
         raise error
 
 
-_CLOSE_MESSAGE = ForkingPickler.dumps(("close", None))
+_CLOSE_MESSAGE = bytes(ForkingPickler.dumps(("close", None)))
 
 
 def _kill_process_group(pgid: int) -> None:
