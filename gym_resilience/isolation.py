@@ -379,7 +379,7 @@ class _Worker:
 
     def _exchange(
         self,
-        message: memoryview | None,
+        message: bytes | None,
         *,
         operation: str,
         timeout_s: float | None,

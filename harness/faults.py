@@ -29,8 +29,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
-import os
 import random
 import threading
 import time
@@ -47,6 +45,7 @@ from gym_resilience import current_rollout
 from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.tasks import Task
+from harness.jsonlines import append_json_line, read_json_lines
 from harness.results import FaultFiring, RolloutSpan, TurnSpan
 from harness.spec import ConnectionTargeting, EngineFault, EnvFault, Fault, NetworkFault, Targeting
 
@@ -126,24 +125,6 @@ def connection_fires(when: ConnectionTargeting, *, seed: int, fault_index: int, 
     return True
 
 
-def _append_json_line(path: Path, record: Mapping[str, Any]) -> None:
-    """One record, one ``write`` on an ``O_APPEND`` descriptor: safe from any thread or process."""
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-
-
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def _none_first(value: int | None) -> int:
     return -1 if value is None else value
 
@@ -154,7 +135,7 @@ def read_firings(log_path: Path) -> list[FaultFiring]:
     Sorted by rollout, attempt, turn, fault and detail (unknown coordinates first), then ``at_s``, so
     two runs of a scenario list the same firings in the same order whatever the scheduling.
     """
-    firings = [FaultFiring(**record) for record in _read_json_lines(log_path)]
+    firings = [FaultFiring(**record) for record in read_json_lines(log_path)]
     return sorted(
         firings,
         key=lambda f: (
@@ -319,7 +300,7 @@ class FaultPlan:
 
     def log(self, firing: FaultFiring) -> None:
         """Append ``firing`` to the log (for injectors that build their own record, as the proxy does)."""
-        _append_json_line(self.log_path, dataclasses.asdict(firing))
+        append_json_line(self.log_path, dataclasses.asdict(firing))
 
     def firings(self) -> list[FaultFiring]:
         """Every firing logged so far, by any process, in ``read_firings`` order."""
@@ -375,7 +356,7 @@ class SpanLog:
             end_s=None if ended is None else ended - self.start,
             failed=failed,
         )
-        _append_json_line(self.path, dataclasses.asdict(span))
+        append_json_line(self.path, dataclasses.asdict(span))
 
     @contextmanager
     def span(
@@ -394,7 +375,7 @@ class SpanLog:
 
     def read(self) -> list[Span]:
         """Every span logged so far, by any process, in order of start."""
-        spans = [Span(**record) for record in _read_json_lines(self.path)]
+        spans = [Span(**record) for record in read_json_lines(self.path)]
         return sorted(spans, key=lambda s: (s.start_s, _none_first(s.rollout), _none_first(s.turn), s.kind))
 
 

@@ -7,7 +7,6 @@ its deadline) never logs its close; it counts as closed when its process is gone
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -17,17 +16,9 @@ from typing import Any
 import gymnasium
 
 from gym_resilience import Task
+from harness.jsonlines import append_json_line, read_json_lines
 
 __all__ = ["EnvLedger", "LedgeredFactory"]
-
-
-def _append(path: Path, record: dict[str, Any]) -> None:
-    line = (json.dumps(record) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
 
 
 class _LedgeredEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
@@ -35,13 +26,13 @@ class _LedgeredEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         super().__init__(env)
         self._path = path
         self._id = uuid.uuid4().hex
-        _append(path, {"event": "create", "id": self._id, "pid": os.getpid()})
+        append_json_line(path, {"event": "create", "id": self._id, "pid": os.getpid()})
 
     def close(self) -> None:
         try:
             self.env.close()
         finally:
-            _append(self._path, {"event": "close", "id": self._id, "pid": os.getpid()})
+            append_json_line(self._path, {"event": "close", "id": self._id, "pid": os.getpid()})
 
 
 @dataclass(frozen=True)
@@ -65,9 +56,7 @@ class EnvLedger:
         return LedgeredFactory(factory, self.path)
 
     def _events(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        return read_json_lines(self.path)
 
     def created(self) -> int:
         return sum(1 for event in self._events() if event["event"] == "create")
