@@ -124,3 +124,18 @@ def test_two_runs_give_the_same_journal_apart_from_timings_and_record_replays_th
 def test_record_refuses_a_journal_with_no_fired_faults() -> None:
     with pytest.raises(ValueError, match="expected exactly one scenario with fault firings, found 0"):
         record_scenario({"scenarios": [{"file": "a.yaml", "firings": [], "spec": {}}]})
+
+
+def test_pytest_collects_every_scenario_file_as_one_item() -> None:
+    import subprocess
+    import sys
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(SCENARIOS)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout.splitlines()
+    items = [line for line in listed if line.startswith("scenarios/")]
+    assert sorted(items) == sorted(f"scenarios/{p.name}::{p.stem}" for p in SCENARIOS.glob("*.yaml"))
