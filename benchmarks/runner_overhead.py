@@ -28,7 +28,7 @@ from gymnasium import spaces
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gym_resilience import BatchRunner, RunnerConfig, Task
+from gym_resilience import BatchRunner, EnvStepError, RunnerConfig, Task
 from gym_resilience.engines.scripted import ScriptedEngine
 
 
@@ -143,7 +143,7 @@ async def vllm_throughput_and_goodput(rounds: int) -> None:
             try:
                 result = await goodput_runner.generate(flaky)
                 kept[flag] = sum(1 for t in result.trajectories if not t.is_placeholder)
-            except ConnectionError:
+            except EnvStepError:  # without the flag, the first failure aborts the whole step
                 kept[flag] = 0
         print(f"(c) goodput, 64 rollouts x 3 turns, {failing} failing at their second turn")
         print(f"    trajectories kept: with skip_failed_rollouts {kept[True]}, without {kept[False]}")

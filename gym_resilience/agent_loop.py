@@ -163,14 +163,17 @@ class EnvCalls:
         with self._lock:
             return fn(*args, **kwargs)
 
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+        """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
+        context = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(
+            self._executor, functools.partial(context.run, self._locked, fn, *args, **kwargs)
+        )
+
     async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
         start = time.perf_counter()
         try:
-            context = contextvars.copy_context()
-            return await loop.run_in_executor(
-                self._executor, functools.partial(context.run, self._locked, fn, *args, **kwargs)
-            )
+            return await self.submit(fn, *args, **kwargs)
         finally:
             self._progress.env_s += time.perf_counter() - start
 
@@ -246,7 +249,7 @@ async def run_agent_loop(
         await _close_after_failure(env, call, exc, config.close_timeout_s)
         raise
     progress.phase = "close"
-    closing = asyncio.ensure_future(call(env.close))
+    closing = call.submit(env.close)
     # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise.
     if not await _wait_through_cancellation(closing, config.close_timeout_s):
         raise RolloutTimeoutError(
@@ -278,7 +281,7 @@ async def _create_env(
     call: EnvCalls, env_factory: EnvFactory, task: Task, config: RunnerConfig
 ) -> ResilientEnv[Any, Any]:
     """Build the env in its thread; if the rollout is cancelled meanwhile, close the env once it exists."""
-    creating = asyncio.ensure_future(call(make_env, env_factory, task, config))
+    creating = call.submit(make_env, env_factory, task, config)
     try:
         return await asyncio.shield(creating)
     except asyncio.CancelledError as cancelled:
@@ -316,7 +319,7 @@ async def _close_after_failure(
     The close waits for any env call still running in its thread (a cancelled step finishes there);
     past ``timeout_s`` it is left to run when that call returns, and ``error`` says so.
     """
-    closing = asyncio.ensure_future(call(env.close))
+    closing = call.submit(env.close)
     if not await _wait_through_cancellation(closing, timeout_s):
         error.add_note(
             f"the env's close is still waiting after {timeout_s:g} s for a call stuck in its thread; "

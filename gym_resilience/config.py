@@ -33,7 +33,9 @@ class RunnerConfig:
         return_routed_experts: return MoE routed-expert indices (no bundled engine provides them).
         zero_reward_on_non_stop: zero the reward of rows whose stop reason is not ``"stop"``.
         apply_overlong_filtering: zero the loss mask of rows whose stop reason is not ``"stop"``.
-        max_concurrency: rollouts in flight at once; None for all of the batch.
+        max_concurrency: rollouts in flight at once (started as others finish); None for the whole
+            batch at once. The default, 256, is vLLM's default batch size: more rollouts in flight would
+            only queue in the engine while holding envs open.
         env_threads: threads running the (synchronous) env calls, so a slow env never blocks the loop.
         retry: rerun a rollout that failed with a transient error (``retry.retry_on`` anywhere in its
             ``__cause__`` chain) from scratch with a fresh env, before it counts as failed.
@@ -64,7 +66,7 @@ class RunnerConfig:
     return_routed_experts: bool = False
     zero_reward_on_non_stop: bool = False
     apply_overlong_filtering: bool = False
-    max_concurrency: int | None = None
+    max_concurrency: int | None = 256
     env_threads: int = 16
     retry: RetryPolicy | None = None
     max_failed_fraction: float | None = None

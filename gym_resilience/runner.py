@@ -8,11 +8,12 @@ sibling rollouts are cancelled and every env is closed. With it, each rollout's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
 import tenacity
@@ -28,6 +29,7 @@ from gym_resilience.errors import (
 )
 from gym_resilience.metrics import batch_metrics
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
+from gym_resilience.retry import RetryPolicy
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import AnyTrajectory, BatchOutput, TrajectoryId, build_batch_output
 
@@ -142,58 +144,82 @@ class BatchRunner:
     async def _supervise(
         self, jobs: list[_Job], codec: ChatCodec, executor: ThreadPoolExecutor, attempts: dict[int, int]
     ) -> list[Outcome]:
-        """Run every job; on the first failure that must propagate, cancel the rest, then raise it."""
-        limit = self.config.max_concurrency
-        gate: AbstractAsyncContextManager[object] = (
-            asyncio.Semaphore(limit) if limit is not None else nullcontext()
-        )
+        """Run every job, at most ``max_concurrency`` at once; on the first failure that must
+        propagate, cancel the rest and raise it once every rollout has finished (and closed its env).
+
+        Rollouts are started as slots free up rather than all at once, so a large batch keeps a
+        bounded number of tasks alive and the cost per rollout stays flat.
+        """
+        limit = self.config.max_concurrency or len(jobs)
+        results: list[Outcome | None] = [None] * len(jobs)
+        pending = iter(jobs)
+        running: set[asyncio.Task[Outcome | _Fatal]] = set()
         aborting: list[BaseException] = []
-        tasks: list[asyncio.Task[Outcome | _Fatal]] = []
+        finished = asyncio.get_running_loop().create_future()
 
-        def on_done(task: asyncio.Task[Outcome | _Fatal]) -> None:
-            if aborting:
-                return
+        def abort(error: BaseException) -> None:
+            if not aborting:
+                aborting.append(error)
+                for task in running:
+                    if not task.done() and not task.cancelling():
+                        task.cancel()
+
+        def launch() -> None:
+            while len(running) < limit and not aborting:
+                job = next(pending, None)
+                if job is None:
+                    break
+                task = asyncio.create_task(self._rollout(job, codec, executor, attempts))
+                task.add_done_callback(functools.partial(on_done, job.index))
+                running.add(task)
+            if not running and not finished.done():
+                finished.set_result(None)
+
+        def on_done(index: int, task: asyncio.Task[Outcome | _Fatal]) -> None:
+            running.discard(task)
             if task.cancelled():
-                aborting.append(asyncio.CancelledError())
-            elif task.exception() is not None:
-                aborting.append(task.exception())  # type: ignore[arg-type]
-            elif isinstance(task.result(), _Fatal):
-                aborting.append(task.result().exception)  # type: ignore[union-attr]
+                abort(asyncio.CancelledError())
+            elif (error := task.exception()) is not None:
+                abort(error)
+            elif isinstance(outcome := task.result(), _Fatal):
+                abort(outcome.exception)
             else:
-                return
-            for sibling in tasks:
-                if not sibling.done() and not sibling.cancelling():
-                    sibling.cancel()
+                results[index] = outcome
+            launch()
 
-        for job in jobs:
-            task = asyncio.create_task(self._rollout(job, codec, executor, gate, attempts))
-            task.add_done_callback(on_done)
-            tasks.append(task)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        launch()
+        try:
+            await asyncio.shield(finished)
+        except asyncio.CancelledError as cancelled:
+            abort(cancelled)
+            # Every rollout closes its env before the cancellation goes on.
+            while not finished.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(finished)
+            raise
         if aborting:
             raise aborting[0]
-        return [result for result in results if not isinstance(result, BaseException | _Fatal)]
+        return [outcome for outcome in results if outcome is not None]
 
     async def _rollout(
         self,
         job: _Job,
         codec: ChatCodec,
         executor: ThreadPoolExecutor,
-        gate: AbstractAsyncContextManager[object],
         attempts: dict[int, int],
     ) -> Outcome | _Fatal:
         """One rollout with its retries; a contained failure becomes a ``FailedRollout``."""
         progress = Progress(rollout_index=job.index)
+        first_start = progress.started
         try:
-            async with gate:
-                first_start = time.perf_counter()
-                retrying = self._retrying(job, attempts)
-                async for attempt in retrying:
-                    with attempt:
-                        number = attempt.retry_state.attempt_number - 1
-                        progress = Progress(rollout_index=job.index, attempt=number)
-                        return await self._attempt(job, codec, executor, progress)
-                raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
+            if self.config.retry is None:
+                return await self._attempt(job, codec, executor, progress)
+            async for attempt in self._retrying(self.config.retry, job, attempts):
+                with attempt:
+                    number = attempt.retry_state.attempt_number - 1
+                    progress = Progress(rollout_index=job.index, attempt=number)
+                    return await self._attempt(job, codec, executor, progress)
+            raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
         except Exception as exc:
             if not self.config.skip_failed_rollouts:
                 raise
@@ -211,11 +237,9 @@ class BatchRunner:
         except BaseException as exc:
             return _Fatal(exc)
 
-    def _retrying(self, job: _Job, attempts: dict[int, int]) -> tenacity.AsyncRetrying:
-        """Tenacity's loop for one rollout: one attempt without a policy, else the policy's bounds."""
-        policy = self.config.retry
-        if policy is None:
-            return tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(1), reraise=True)
+    @staticmethod
+    def _retrying(policy: RetryPolicy, job: _Job, attempts: dict[int, int]) -> tenacity.AsyncRetrying:
+        """Tenacity's loop for one rollout under the policy's bounds, counting its attempts."""
 
         def count(state: tenacity.RetryCallState) -> None:
             attempts[job.index] = state.attempt_number + 1
