@@ -68,7 +68,7 @@ class ErrorRecords(logging.Handler):
 
 
 def child_pids() -> set[int]:
-    psutil = pytest.importorskip("psutil")
+    import psutil
     return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
