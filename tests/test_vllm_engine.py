@@ -69,6 +69,7 @@ class ErrorRecords(logging.Handler):
 
 def child_pids() -> set[int]:
     import psutil
+
     return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
