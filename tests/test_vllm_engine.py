@@ -24,8 +24,8 @@ from gym_resilience.engines import Engine, Sampling
 from gym_resilience.engines.vllm import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     VLLMEngine,
-    _engine_arguments,
-    _finish_reason,
+    engine_arguments,
+    finish_reason,
     vllm_environment,
 )
 from gym_resilience.errors import (
@@ -89,18 +89,18 @@ async def session_loop() -> asyncio.AbstractEventLoop:
 
 
 def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
-    assert [_finish_reason(r) for r in ("stop", "length", "abort", "repetition")] == [
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "repetition")] == [
         "stop",
         "length",
         "abort",
         "length",
     ]
     with pytest.raises(EngineError, match="'error'"):
-        _finish_reason("error")
+        finish_reason("error")
 
 
 def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:
-    args = _engine_arguments(
+    args = engine_arguments(
         tmp_path,
         on_cpu=True,
         max_model_len=512,
@@ -116,7 +116,7 @@ def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_pa
 
 
 def test_gpu_engine_arguments_leave_memory_to_vllm_and_extra_arguments_win(tmp_path: Path) -> None:
-    args = _engine_arguments(
+    args = engine_arguments(
         tmp_path,
         on_cpu=False,
         max_model_len=1024,

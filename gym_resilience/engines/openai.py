@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
-from gym_resilience.engines.vllm import VLLMEngine, _finish_reason, _State
+from gym_resilience.engines.vllm import EngineState, finish_reason, load_tokenizer
 from gym_resilience.errors import (
     DependencyNotInstalledError,
     EngineClosedError,
@@ -229,7 +229,7 @@ def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampl
         if not isinstance(raw, list) or len(raw) != len(token_ids) or any(lp is None for lp in raw):
             raise EngineError("the server returned no logprob for some sampled tokens")
         logprobs = [float(lp) for lp in raw]
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=_finish_reason(reason))
+    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(reason))
 
 
 def classify_status(status: int) -> FailureKind | None:
@@ -333,7 +333,7 @@ class OpenAIEngine:
         self._extra_body = dict(extra_body or {})
         self._transport = transport
         self._tokenizer: Tokenizer | None = None
-        self._state = _State.NEW
+        self._state = EngineState.NEW
         self._client: httpx.AsyncClient | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._turns = itertools.count()
@@ -350,7 +350,7 @@ class OpenAIEngine:
             DependencyNotInstalledError: httpx is not installed.
             EngineClosedError: the engine was started before or already closed.
         """
-        if self._state is not _State.NEW:
+        if self._state is not EngineState.NEW:
             raise EngineClosedError(f"OpenAIEngine can start only once; it is {self._state.value}")
         try:
             import httpx
@@ -362,7 +362,7 @@ class OpenAIEngine:
             # One connection per concurrent request: a rollout batch is hundreds at most.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
-        self._state = _State.RUNNING
+        self._state = EngineState.RUNNING
         await self._probe(self._endpoints)
         if self._health_interval_s is not None:
             self._health_task = asyncio.create_task(
@@ -371,7 +371,7 @@ class OpenAIEngine:
 
     async def aclose(self) -> None:
         """Stop the health check and close the HTTP client. Idempotent; servers are not touched."""
-        self._state = _State.CLOSED
+        self._state = EngineState.CLOSED
         task, self._health_task = self._health_task, None
         client, self._client = self._client, None
         try:
@@ -401,8 +401,7 @@ class OpenAIEngine:
     def tokenizer(self) -> Tokenizer:
         """The Hugging Face tokenizer loaded from ``tokenizer_dir`` (available before ``start()``)."""
         if self._tokenizer is None:
-            # VLLMEngine's loader: constructing one starts nothing and imports no vllm.
-            self._tokenizer = VLLMEngine(self._tokenizer_dir).tokenizer
+            self._tokenizer = load_tokenizer(self._tokenizer_dir)
         return self._tokenizer
 
     @property
@@ -492,7 +491,7 @@ class OpenAIEngine:
         return generation
 
     def _running_client(self) -> httpx.AsyncClient:
-        if self._state is not _State.RUNNING or self._client is None:
+        if self._state is not EngineState.RUNNING or self._client is None:
             raise EngineClosedError(f"OpenAIEngine is {self._state.value}; use it inside `async with`")
         return self._client
 

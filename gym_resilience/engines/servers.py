@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from gym_resilience.cache import cache_dir
-from gym_resilience.engines.vllm import _engine_arguments, _make_rpc_dir, vllm_environment
+from gym_resilience.engines.vllm import engine_arguments, make_rpc_dir, vllm_environment
 from gym_resilience.errors import DependencyNotInstalledError, EngineError, UnsupportedConfigError
 
 __all__ = ["VLLMServer", "aservers", "free_ports", "server_command", "server_environment", "servers"]
@@ -98,7 +98,7 @@ def server_command(
     ``engine_args`` overrides any argument by its ``AsyncEngineArgs`` name (None drops it);
     ``extra_args`` are appended verbatim.
     """
-    arguments = _engine_arguments(
+    arguments = engine_arguments(
         model_dir,
         on_cpu=device == "cpu",
         max_model_len=max_model_len,
@@ -248,7 +248,7 @@ class VLLMServer:
             handle, name = tempfile.mkstemp(prefix=f"vllm-{self.port}-", suffix=".log", dir=folder)
             os.close(handle)
             self._log_path = Path(name)
-        self._rpc_dir = _make_rpc_dir(cache)
+        self._rpc_dir = make_rpc_dir(cache)
         environment = server_environment(os.environ, cache, self._rpc_dir)
         environment.update(self._env)
         try:

@@ -48,7 +48,12 @@ from gym_resilience.errors import (
 
 __all__ = [
     "DEFAULT_CPU_KV_CACHE_BYTES",
+    "EngineState",
     "VLLMEngine",
+    "engine_arguments",
+    "finish_reason",
+    "load_tokenizer",
+    "make_rpc_dir",
     "vllm_environment",
 ]
 
@@ -102,7 +107,7 @@ def _install_hint(device: Device) -> str:
     return f"{cpu} on a CPU-only machine, or {gpu} on a GPU machine"
 
 
-def _engine_arguments(
+def engine_arguments(
     model_dir: Path,
     *,
     on_cpu: bool,
@@ -134,7 +139,16 @@ def _engine_arguments(
     return args
 
 
-def _finish_reason(reason: str | None) -> FinishReason:
+def load_tokenizer(model_dir: str | Path, *, device: Device = "auto") -> Tokenizer:
+    """The Hugging Face tokenizer saved in ``model_dir``; every engine of a local model loads it here."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise DependencyNotInstalledError(package="transformers", extra=_install_hint(device)) from exc
+    return cast(Tokenizer, AutoTokenizer.from_pretrained(str(model_dir)))
+
+
+def finish_reason(reason: str | None) -> FinishReason:
     """Map vLLM's finish reason onto ours; a request-level engine error raises instead."""
     if reason in ("stop", "length", "abort"):
         return cast(FinishReason, reason)
@@ -174,7 +188,7 @@ def _map_vllm_errors() -> Iterator[None]:
 # --- The engine. --------------------------------------------------------------------------------------
 
 
-class _State(enum.Enum):
+class EngineState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
     CLOSED = "closed"
@@ -223,7 +237,7 @@ class VLLMEngine:
         self._kv_cache_memory_bytes = kv_cache_memory_bytes
         self._max_num_seqs = max_num_seqs
         self._engine_kwargs = dict(engine_kwargs)
-        self._state = _State.NEW
+        self._state = EngineState.NEW
         self._engine: Any = None
         self._rpc_dir: Path | None = None
         self._processes: list[multiprocessing.process.BaseProcess] = []
@@ -244,7 +258,7 @@ class VLLMEngine:
             EngineError: vLLM failed to start (its exception is ``__cause__``).
             EngineClosedError: the engine was started before or already closed.
         """
-        if self._state is not _State.NEW:
+        if self._state is not EngineState.NEW:
             raise EngineClosedError(f"VLLMEngine can start only once; it is {self._state.value}")
         cache = cache_dir()
         for name, value in vllm_environment(cache).items():
@@ -262,7 +276,7 @@ class VLLMEngine:
             raise UnsupportedConfigError(
                 f"vLLM runs on {current_platform.device_type!r} here, not {self._device!r}", option="device"
             )
-        arguments = _engine_arguments(
+        arguments = engine_arguments(
             self._model_dir,
             on_cpu=on_cpu,
             max_model_len=self._max_model_len,
@@ -275,7 +289,7 @@ class VLLMEngine:
             engine_args = AsyncEngineArgs(**arguments)
         except TypeError as exc:
             raise UnsupportedConfigError(str(exc), option="engine_kwargs") from exc
-        self._rpc_dir = _make_rpc_dir(cache)
+        self._rpc_dir = make_rpc_dir(cache)
         children_before = set(multiprocessing.active_children())
         try:
             with _rpc_base_path(self._rpc_dir):
@@ -289,7 +303,7 @@ class VLLMEngine:
         # The engine core process(es) vLLM just started (it names them EngineCore...), to reap on close.
         started = set(multiprocessing.active_children()) - children_before
         self._processes = [process for process in started if "EngineCore" in process.name]
-        self._state = _State.RUNNING
+        self._state = EngineState.RUNNING
 
     async def aclose(self) -> None:
         """Abort requests in flight, shut the engine down (about 5 s on CPU) and end its process.
@@ -297,7 +311,7 @@ class VLLMEngine:
         Idempotent. ``generate`` calls still in flight return with finish reason ``"abort"``.
         """
         engine, self._engine = self._engine, None
-        self._state = _State.CLOSED
+        self._state = EngineState.CLOSED
         if engine is None:
             return
         try:
@@ -349,13 +363,7 @@ class VLLMEngine:
     def tokenizer(self) -> Tokenizer:
         """The Hugging Face tokenizer loaded from ``model_dir`` (available before ``start()``)."""
         if self._tokenizer is None:
-            try:
-                from transformers import AutoTokenizer
-            except ImportError as exc:
-                raise DependencyNotInstalledError(
-                    package="transformers", extra=_install_hint(self._device)
-                ) from exc
-            self._tokenizer = cast(Tokenizer, AutoTokenizer.from_pretrained(str(self._model_dir)))
+            self._tokenizer = load_tokenizer(self._model_dir, device=self._device)
         return self._tokenizer
 
     @property
@@ -366,14 +374,14 @@ class VLLMEngine:
         Raises:
             EngineClosedError: the engine is not started or already closed.
         """
-        if self._state is not _State.RUNNING:
+        if self._state is not EngineState.RUNNING:
             raise EngineClosedError(f"VLLMEngine is {self._state.value}; use it inside `async with`")
         return self._engine
 
     @property
     def is_running(self) -> bool:
         """True between ``start()`` and ``aclose()`` while vLLM's engine is alive."""
-        return self._state is _State.RUNNING and not self._engine.errored
+        return self._state is EngineState.RUNNING and not self._engine.errored
 
     @property
     def num_in_flight(self) -> int:
@@ -383,7 +391,7 @@ class VLLMEngine:
     @property
     def num_unfinished_requests(self) -> int:
         """How many requests vLLM itself still tracks (0 when not running); aborted ones drop out."""
-        if self._state is not _State.RUNNING:
+        if self._state is not EngineState.RUNNING:
             return 0
         return int(self._engine.get_num_unfinished_requests())
 
@@ -398,7 +406,7 @@ class VLLMEngine:
             EngineDeadError: the engine died.
             EngineError: vLLM failed the request otherwise.
         """
-        if self._state is not _State.RUNNING:
+        if self._state is not EngineState.RUNNING:
             raise EngineClosedError(f"VLLMEngine is {self._state.value}; use it inside `async with`")
         engine = self._engine
         request_id = f"{self._request_prefix}-{next(self._request_counter)}"
@@ -435,9 +443,10 @@ class VLLMEngine:
             raise EngineError("vLLM ended the request without a final output")
         completion = final.outputs[0]
         token_ids = [int(token_id) for token_id in completion.token_ids]
-        finish_reason = _finish_reason(completion.finish_reason)
         logprobs = _sampled_logprobs(token_ids, completion.logprobs) if sampling.logprobs else None
-        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason)
+        return Generation(
+            token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(completion.finish_reason)
+        )
 
 
 def _shutdown(engine: Any, processes: list[multiprocessing.process.BaseProcess]) -> None:
@@ -458,7 +467,7 @@ async def _abort_quietly(engine: Any, request_id: str) -> None:
         logger.debug("aborting vLLM request %s failed", request_id, exc_info=True)
 
 
-def _make_rpc_dir(cache: Path) -> Path | None:
+def make_rpc_dir(cache: Path) -> Path | None:
     """A private folder for this engine's IPC sockets, or None to leave vLLM's choice alone."""
     if "VLLM_RPC_BASE_PATH" in os.environ:
         return None
