@@ -6,7 +6,7 @@ from gym_resilience.advantages import (
     GroupStats,
     group_relative_advantages,
 )
-from gym_resilience.agent_loop import Progress, current_rollout
+from gym_resilience.agent_loop import Progress, current_rollout, rollout_headers
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
@@ -31,6 +31,8 @@ from gym_resilience.errors import (
     ScenarioError,
     UnpicklableEnvError,
     UnsupportedConfigError,
+    describe_exception,
+    root_cause,
 )
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.runner import BatchResult, BatchRunner
@@ -90,7 +92,10 @@ __all__ = [
     "UnsupportedConfigError",
     "build_batch_output",
     "current_rollout",
+    "describe_exception",
     "group_relative_advantages",
+    "rollout_headers",
+    "root_cause",
     "validate_batch_output",
     "without_timings",
 ]

@@ -22,11 +22,21 @@ import gymnasium
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
 from gym_resilience.env import ResilientEnv
-from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError
+from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError, describe_exception
+from gym_resilience.isolation import IsolatedEnv, StartAbort
+from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, format_rollout_header
 from gym_resilience.tasks import ChatMessage, Task
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory, TrajectoryId
 
-__all__ = ["ChatCodec", "EnvFactory", "Progress", "current_rollout", "run_agent_loop"]
+__all__ = [
+    "ChatCodec",
+    "EnvFactory",
+    "LateCloses",
+    "Progress",
+    "current_rollout",
+    "rollout_headers",
+    "run_agent_loop",
+]
 
 EnvFactory = Callable[[Task], gymnasium.Env[Any, Any]]
 """``env_factory(task)`` builds the env of one rollout."""
@@ -147,11 +157,25 @@ def current_rollout() -> Progress | None:
     return _CURRENT.get()
 
 
+def rollout_headers() -> dict[str, str]:
+    """The ``x-gym-resilience-rollout`` header for the rollout the caller runs in; empty outside one.
+
+    Pass it to an HTTP client (``OpenAIEngine(..., headers=rollout_headers)``) so that a fault proxy can
+    target network faults by rollout, attempt and turn.
+    """
+    progress = _CURRENT.get()
+    if progress is None:
+        return {}
+    identity = RolloutIdentity(progress.rollout_index, progress.attempt, progress.turn)
+    return {ROLLOUT_HEADER: format_rollout_header(identity)}
+
+
 class EnvCalls:
     """Runs one env's synchronous calls in the pool, one at a time.
 
     The lock matters on cancellation: the awaiting task stops waiting but the thread finishes its call,
-    and ``close`` must not run beside it.
+    and ``close`` must not run beside it. An isolated env is the exception: its close is made to run
+    beside a stuck call (it kills the worker, which ends that call), so it does not queue behind it.
     """
 
     def __init__(self, executor: Executor, progress: Progress) -> None:
@@ -165,10 +189,18 @@ class EnvCalls:
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
         """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
+        return self._start(functools.partial(self._locked, fn, *args, **kwargs))
+
+    def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
+        """Start closing ``env``: after its call in flight, or, for an isolated env, beside it."""
+        if isinstance(env.unwrapped, IsolatedEnv):
+            return self._start(env.close)
+        return self.submit(env.close)
+
+    def _start(self, call: Callable[[], T]) -> asyncio.Future[T]:
         context = contextvars.copy_context()
-        return asyncio.get_running_loop().run_in_executor(
-            self._executor, functools.partial(context.run, self._locked, fn, *args, **kwargs)
-        )
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, functools.partial(context.run, call))
 
     async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         start = time.perf_counter()
@@ -232,12 +264,17 @@ async def run_agent_loop(
     executor: Executor,
     progress: Progress,
     reset_seed: int | None,
+    late: LateCloses,
 ) -> AnyTrajectory:
-    """Run one rollout to its end and return its trajectory; the env is closed on every path."""
+    """Run one rollout to its end and return its trajectory; the env is closed on every path.
+
+    Teardown waits ``late.timeout_s`` at most for a step that a thread runs (a build, a close); past it
+    the step is left to that thread, which closes the env when it returns, and counted in ``late``.
+    """
     _CURRENT.set(progress)
     call = EnvCalls(executor, progress)
     progress.phase = "reset"
-    env = await _create_env(call, env_factory, task, config)
+    env = await _create_env(call, functools.partial(make_env, env_factory, task, config), late)
     try:
         messages, _ = await call(
             env.reset,
@@ -246,12 +283,12 @@ async def run_agent_loop(
         )
         result = await _turns(engine, codec, env, call, trajectory_id, config, sampling, progress, messages)
     except BaseException as exc:
-        await _close_after_failure(env, call, exc, config.close_timeout_s)
+        await _close_after_failure(env, call, exc, late)
         raise
     progress.phase = "close"
-    closing = call.submit(env.close)
+    closing = call.close(env)
     # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise.
-    if not await _wait_through_cancellation(closing, config.close_timeout_s):
+    if not await _wait_through_cancellation(closing, late):
         raise RolloutTimeoutError(
             rollout_index=progress.rollout_index,
             phase="close",
@@ -264,72 +301,148 @@ async def run_agent_loop(
     return result
 
 
-def make_env(env_factory: EnvFactory, task: Task, config: RunnerConfig) -> ResilientEnv[Any, Any]:
-    """The env of one rollout, wrapped; in its own process when ``config.isolate_envs``."""
+def make_env(
+    env_factory: EnvFactory, task: Task, config: RunnerConfig, abort: StartAbort | None = None
+) -> ResilientEnv[Any, Any]:
+    """The env of one rollout, wrapped; in its own process when ``config.isolate_envs``, which
+    ``abort`` can kill while it starts."""
     if config.isolate_envs:
-        return ResilientEnv(
+        isolated = IsolatedEnv(
             functools.partial(env_factory, task),
-            isolate=True,
             step_timeout=config.env_step_timeout_s,
             reset_timeout=config.env_reset_timeout_s,
+            start_timeout=config.env_create_timeout_s,
+            close_timeout=config.close_timeout_s,
+            abort=abort,
         )
+        return ResilientEnv(isolated)
     raw = env_factory(task)
     return raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
 
 
+@dataclass
+class LateCloses:
+    """The teardown steps of a batch that it stopped waiting for after ``timeout_s``.
+
+    An env still being built when its rollout gave up, or a close queued behind a call stuck in the
+    env's thread: the thread closes the env once that call returns (a build that never returns leaves
+    nothing to close). ``count`` says how many, in the batch's metrics and the error it raises.
+    """
+
+    timeout_s: float
+    count: int = 0
+
+    def left(self, step: asyncio.Future[Any]) -> None:
+        self.count += 1
+        # Nobody awaits it any more: its outcome must not be reported as never retrieved.
+        step.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def note(self, error: BaseException) -> None:
+        """Say on the batch's ``error`` how many envs were left to their threads, if any."""
+        if self.count:
+            envs = "1 env was" if self.count == 1 else f"{self.count} envs were"
+            error.add_note(
+                f"{envs} still being built or closed when the batch stopped waiting for them "
+                f"(close_timeout_s={self.timeout_s:g}): the thread of each closes it when its call returns"
+            )
+
+
+class _Abandoned(Exception):
+    """The rollout stopped waiting for its env: the env was closed on arrival, or never built."""
+
+
+class _EnvBuild:
+    """An env built in a pool thread for a rollout that may stop waiting for it meanwhile.
+
+    Whichever side comes last closes the env: the rollout if it got the env, else the thread that
+    built it, once it finds the rollout gone. A worker still starting an isolated env is killed at once.
+    """
+
+    def __init__(self, make: Callable[[StartAbort], ResilientEnv[Any, Any]]) -> None:
+        self._make = make
+        self._abort = StartAbort()
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def run(self) -> ResilientEnv[Any, Any]:
+        """Build the env (in the pool thread) and hand it over, or close it if the rollout left."""
+        if self._abandoned:
+            raise _Abandoned
+        env = self._make(self._abort)
+        with self._lock:
+            if not self._abandoned:
+                return env
+        env.close()
+        raise _Abandoned
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+        self._abort.abort()
+
+
 async def _create_env(
-    call: EnvCalls, env_factory: EnvFactory, task: Task, config: RunnerConfig
+    call: EnvCalls, make: Callable[[StartAbort], ResilientEnv[Any, Any]], late: LateCloses
 ) -> ResilientEnv[Any, Any]:
-    """Build the env in its thread; if the rollout is cancelled meanwhile, close the env once it exists."""
-    creating = call.submit(make_env, env_factory, task, config)
+    """Build the env in its thread; a rollout cancelled meanwhile leaves it to be closed on arrival."""
+    build = _EnvBuild(make)
+    creating = call.submit(build.run)
     try:
         return await asyncio.shield(creating)
     except asyncio.CancelledError as cancelled:
-        if not await _wait_through_cancellation(creating, config.close_timeout_s):
-            cancelled.add_note("an env was still being built when its rollout was cancelled: it may leak")
+        build.abandon()
+        if not await _wait_through_cancellation(creating, late):
+            cancelled.add_note(
+                f"its env was still being built when the rollout stopped waiting after {late.timeout_s:g} s: "
+                "the thread building it closes it when the factory returns"
+            )
         elif not creating.cancelled() and creating.exception() is None:
-            await _close_after_failure(creating.result(), call, cancelled, config.close_timeout_s)
+            # Handed over just before the rollout gave up on it.
+            await _close_after_failure(creating.result(), call, cancelled, late)
         raise
 
 
-async def _wait_through_cancellation(future: asyncio.Future[Any], timeout_s: float) -> bool:
-    """Wait for a teardown step up to ``timeout_s``, even if cancelled again meanwhile.
+async def _wait_through_cancellation(future: asyncio.Future[Any], late: LateCloses) -> bool:
+    """Wait for a teardown step up to ``late.timeout_s``, even if cancelled again meanwhile.
 
     Teardown that a second cancellation could interrupt would leak the env it was closing; the
-    cancellation is delivered once the step is done (or its time is up). True when it finished.
+    cancellation is delivered once the step is done (or its time is up). True when it finished;
+    a step still running is left to its thread and counted in ``late``.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = loop.time() + late.timeout_s
     cancelled = False
     while not future.done() and loop.time() < deadline:
         try:
             await asyncio.wait({future}, timeout=deadline - loop.time())
         except asyncio.CancelledError:
             cancelled = True
+    if not future.done():
+        late.left(future)
     if cancelled:
         raise asyncio.CancelledError
     return future.done()
 
 
 async def _close_after_failure(
-    env: ResilientEnv[Any, Any], call: EnvCalls, error: BaseException, timeout_s: float
+    env: ResilientEnv[Any, Any], call: EnvCalls, error: BaseException, late: LateCloses
 ) -> None:
     """Close the env of a failed rollout without masking ``error`` and without waiting forever.
 
     The close waits for any env call still running in its thread (a cancelled step finishes there);
-    past ``timeout_s`` it is left to run when that call returns, and ``error`` says so.
+    past ``late.timeout_s`` it is left to run when that call returns, and ``error`` says so.
     """
-    closing = call.submit(env.close)
-    if not await _wait_through_cancellation(closing, timeout_s):
+    closing = call.close(env)
+    if not await _wait_through_cancellation(closing, late):
         error.add_note(
-            f"the env's close is still waiting after {timeout_s:g} s for a call stuck in its thread; "
+            f"the env's close is still waiting after {late.timeout_s:g} s for a call stuck in its thread; "
             "it runs when that call returns (isolate_envs=True kills stuck envs instead)"
         )
         return
     try:
         closing.result()
     except Exception as close_error:
-        error.add_note(f"closing the env also failed: {type(close_error).__name__}: {close_error}")
+        error.add_note(f"closing the env also failed: {describe_exception(close_error)}")
 
 
 async def _turns(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gym_resilience.errors import UnsupportedConfigError
@@ -47,8 +48,13 @@ class RunnerConfig:
             can be killed. ``env_factory`` and the tasks must then be picklable.
         env_step_timeout_s, env_reset_timeout_s: deadlines of one env call; they need ``isolate_envs``,
             because a thread stuck in an env cannot be stopped.
-        close_timeout_s: how long tearing down a failed rollout waits for its env's ``close``; past it
-            the close still runs when the env's stuck call returns, but the batch does not wait for it.
+        env_create_timeout_s: deadline for building one env (its worker's start and ``env_factory``);
+            past it the worker is killed and the rollout fails with ``EnvTimeoutError``. Needs
+            ``isolate_envs``, for the same reason.
+        close_timeout_s: how long tearing down a rollout waits for its env's ``close`` (or for an env
+            still being built when the rollout gave up); past it the thread running that call closes the
+            env when the call returns, the batch does not wait for it, and its metric
+            ``envs_closed_late`` counts it. An isolated env's close kills its worker past this deadline.
     """
 
     skip_failed_rollouts: bool = False
@@ -75,6 +81,7 @@ class RunnerConfig:
     isolate_envs: bool = False
     env_step_timeout_s: float | None = None
     env_reset_timeout_s: float | None = None
+    env_create_timeout_s: float | None = None
     close_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -91,14 +98,17 @@ class RunnerConfig:
             "rollout_timeout_s",
             "env_step_timeout_s",
             "env_reset_timeout_s",
+            "env_create_timeout_s",
         ):
             _check_deadline(option, getattr(self, option))
         _check_deadline("close_timeout_s", self.close_timeout_s)
-        if not self.isolate_envs and (self.env_step_timeout_s or self.env_reset_timeout_s):
+        env_deadlines = ("env_step_timeout_s", "env_reset_timeout_s", "env_create_timeout_s")
+        needs_isolation = [option for option in env_deadlines if getattr(self, option) is not None]
+        if not self.isolate_envs and needs_isolation:
             raise UnsupportedConfigError(
                 "needs isolate_envs=True: a thread stuck in an env cannot be stopped, so a deadline "
                 "without a process to kill would not be a deadline",
-                option="env_step_timeout_s" if self.env_step_timeout_s else "env_reset_timeout_s",
+                option=needs_isolation[0],
             )
         if self.max_failed_fraction is not None:
             if not 0 <= self.max_failed_fraction < 1:
@@ -143,7 +153,10 @@ def _check_positive(option: str, value: int) -> None:
 
 
 def _check_deadline(option: str, value: float | None) -> None:
+    # Finite: an infinite deadline is no deadline (None says that), and a worker's cannot be one.
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UnsupportedConfigError(f"must be a number of seconds > 0 or None, got {value!r}", option=option)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise UnsupportedConfigError(
+            f"must be a finite number of seconds > 0 or None, got {value!r}", option=option
+        )

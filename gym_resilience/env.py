@@ -34,6 +34,7 @@ from gym_resilience.errors import (
     EnvResetError,
     EnvStepError,
     UnsupportedConfigError,
+    describe_exception,
 )
 from gym_resilience.isolation import DEFAULT_CLOSE_TIMEOUT_S, IsolatedEnv
 from gym_resilience.retry import RetryPolicy
@@ -96,7 +97,7 @@ def _close_at_collection(closer: _Closer) -> None:
     try:
         closer.close()
     except Exception as exc:  # nobody is left to raise to
-        failure = f"; its close() raised {type(exc).__name__}: {exc}"
+        failure = f"; its close() raised {describe_exception(exc)}"
     else:
         failure = ""
     warnings.warn(
@@ -169,10 +170,11 @@ class ResilientEnv(
         >>> inner = ScriptableEnv(step=step)
         >>> with ResilientEnv(inner) as env:
         ...     _ = env.reset(seed=0)
-        ...     env.step("ls")
-        Traceback (most recent call last):
-        ...
-        gym_resilience.errors.EnvStepError: env step failed at turn 0 (action='ls')
+        ...     try:
+        ...         env.step("ls")
+        ...     except EnvStepError as error:
+        ...         print(error)
+        env step failed at turn 0 (action='ls'): ConnectionError: tool server went away
         >>> inner.close_calls
         1
     """
@@ -193,7 +195,8 @@ class ResilientEnv(
         gymnasium.utils.RecordConstructorArgs.__init__(
             self, close_on_error=close_on_error, reset_retry=reset_retry
         )
-        self._isolated: IsolatedEnv | None = None
+        # One the caller built counts as isolated too: a worker it lost is closed, never retried.
+        self._isolated: IsolatedEnv | None = env if isinstance(env, IsolatedEnv) else None
         if isolate:
             if isinstance(env, gymnasium.Env) or not callable(env):
                 raise UnsupportedConfigError(
@@ -350,8 +353,8 @@ class ResilientEnv(
         try:
             self._close_inner()
         except Exception as exc:
-            close_error = self._record_close_failure(exc)
-            propagating.add_note(f"{close_error}: {type(exc).__name__}: {exc}")
+            # Its message ends with what close() raised, rendered even if that cannot print itself.
+            propagating.add_note(str(self._record_close_failure(exc)))
 
     def _record_close_failure(self, cause: Exception) -> EnvCloseError:
         error = EnvCloseError(env_id=self._env_id)

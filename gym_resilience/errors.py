@@ -16,6 +16,7 @@ The tree::
     │   ├── EngineDeadError             the engine (or every endpoint) died
     │   └── EngineRequestError          (also ValueError) the engine rejected the request as invalid
     ├── DependencyNotInstalledError     (also ImportError) an optional dependency is missing
+    ├── BrokenDependencyError           (also ImportError) an installed dependency fails to import
     ├── RolloutError                    one rollout failed (index, phase, turn, elapsed)
     │   └── RolloutTimeoutError         (also TimeoutError) one rollout ran past its deadline
     ├── AllRolloutsFailedError          (also RuntimeError) every rollout of a batch failed
@@ -26,18 +27,29 @@ The tree::
 
 Context travels as keyword-only attributes and every error pickles with it, because errors cross
 process boundaries (isolated environments, served engines, the harness's journal).
+
+Every message ends with the root cause, so a failure reads as what actually went wrong::
+
+    env step failed at turn 1 (action='ls') [WordGame-v0]: ConnectionError: sandbox connection dropped
+
+The root cause is the innermost exception of the ``__cause__`` chain that is not one of these errors
+(:func:`root_cause`); it is rendered by :func:`describe_exception`, which never raises and bounds a
+foreign message to ``MAX_MESSAGE_CHARS`` characters. Every place that renders an exception uses it: a
+failure must never be lost because its exception cannot be printed.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Phase = Literal["reset", "generate", "step", "close"]
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "AllRolloutsFailedError",
+    "BrokenDependencyError",
     "DependencyNotInstalledError",
     "EngineClosedError",
     "EngineDeadError",
@@ -59,25 +71,94 @@ __all__ = [
     "ScenarioError",
     "UnpicklableEnvError",
     "UnsupportedConfigError",
+    "describe_exception",
+    "exception_message",
+    "root_cause",
 ]
 
+MAX_MESSAGE_CHARS: Final = 500
+"""How much of a foreign exception's message a rendering keeps; the rest is cut and counted."""
 
-def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, but never raising: a broken ``__str__`` gives ``<unprintable T object>``.
+
+    A foreign message longer than ``MAX_MESSAGE_CHARS`` is cut there, with a count of what was cut;
+    the messages of gym_resilience's own errors are built from bounded parts and kept whole.
+    """
+    try:
+        text = str(exc)
+    except Exception:  # __str__ raised, or returned a non-str (str() raises TypeError then)
+        return f"<unprintable {type(exc).__name__} object>"
+    if len(text) <= MAX_MESSAGE_CHARS or isinstance(exc, GymResilienceError):
+        return text
+    return f"{text[:MAX_MESSAGE_CHARS]}... [{len(text) - MAX_MESSAGE_CHARS} more characters]"
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"Type: message"`` (``"Type"`` for an empty message), never raising; see ``exception_message``."""
+    text = exception_message(exc)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """What actually went wrong: the innermost exception of the ``__cause__`` chain (``exc`` included)
+    that is not a :class:`GymResilienceError`.
+
+    When every link is one of ours, the innermost link (``exc`` itself when it has no cause).
+    """
+    chain = [exc]
+    seen = {id(exc)}
+    cause = exc.__cause__
+    while cause is not None and id(cause) not in seen:  # a cycle is possible: __cause__ is writable
+        chain.append(cause)
+        seen.add(id(cause))
+        cause = cause.__cause__
+    foreign = [link for link in chain if not isinstance(link, GymResilienceError)]
+    return foreign[-1] if foreign else chain[-1]
+
+
+def _rebuild(
+    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any], cause_text: str = ""
+) -> BaseException:
     error = cls.__new__(cls, *args)
     error.args = args
     error.__dict__.update(state)
+    if cause_text:
+        # Pickling drops __cause__; its rendering is kept so the message stays the same.
+        error.__dict__["_pickled_cause_text"] = cause_text
     return error
 
 
 class GymResilienceError(Exception):
     """Raised for any failure gym_resilience reports; catch it to handle them all.
 
-    Subclasses build their message from keyword-only context in ``__init__``; pickling restores the
-    message and the context without calling ``__init__`` again.
+    Subclasses build their message from keyword-only context in ``__init__``; ``str()`` adds the root
+    cause (``": ConnectionError: sandbox connection dropped"``) when there is one. It is computed when
+    rendered because ``raise ... from exc`` sets ``__cause__`` after ``__init__``. Pickling restores
+    the message and the context without calling ``__init__`` again.
     """
 
+    def __str__(self) -> str:
+        text = super().__str__()
+        cause_text = self._cause_text()
+        suffix = f": {cause_text}"
+        # A message that already ends with its cause (one that quotes it) does not say it twice.
+        return text if not cause_text or text.endswith(suffix) else f"{text}{suffix}"
+
+    def _cause_text(self) -> str:
+        root = root_cause(self)
+        if root is self:
+            return str(self.__dict__.get("_pickled_cause_text", ""))
+        if isinstance(root, GymResilienceError):
+            # Its own message only: through a __cause__ cycle its str() would come back here.
+            text = Exception.__str__(root)
+            return f"{type(root).__name__}: {text}" if text else type(root).__name__
+        return describe_exception(root)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+        return (_rebuild, (type(self), self.args, dict(self.__dict__), self._cause_text()))
 
 
 class EnvError(GymResilienceError):
@@ -233,6 +314,20 @@ class DependencyNotInstalledError(GymResilienceError, ImportError):
         super().__init__(f"{package} is not installed; install it with: pip install {extra}")
 
 
+class BrokenDependencyError(GymResilienceError, ImportError):
+    """Raised when an installed package fails to import, so the backend that imports it cannot start.
+
+    ``packages`` names them, ``reason`` says why, and ``fix`` is the command that repairs the
+    environment; ``__cause__`` is the first package's import error. Nothing was started.
+    """
+
+    def __init__(self, *, packages: Sequence[str], reason: str, fix: str) -> None:
+        self.packages = tuple(packages)
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{', '.join(self.packages)} failed to import ({reason}); fix with `{fix}`")
+
+
 class RolloutError(GymResilienceError):
     """Raised when one rollout of a batch failed; ``__cause__`` is what failed inside it.
 
@@ -290,7 +385,7 @@ class AllRolloutsFailedError(GymResilienceError, RuntimeError):
     def __init__(self, exceptions: Sequence[BaseException]) -> None:
         self.exceptions = tuple(exceptions)
         first = self.exceptions[0] if self.exceptions else None
-        first_text = f"; first: {type(first).__name__}: {first}" if first is not None else ""
+        first_text = f"; first: {describe_exception(first)}" if first is not None else ""
         super().__init__(f"all {len(self.exceptions)} rollouts failed{first_text}")
 
 

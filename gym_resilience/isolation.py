@@ -73,9 +73,11 @@ from gym_resilience.errors import (
     EnvWorkerDiedError,
     UnpicklableEnvError,
     UnsupportedConfigError,
+    describe_exception,
+    exception_message,
 )
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv", "StartAbort"]
 
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 """How long ``close()`` waits for an isolated env to close before killing its worker."""
@@ -98,13 +100,6 @@ def _type_name(error: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _safe_str(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception as exc:  # a broken __str__ must not hide the error it belongs to
-        return f"<str() raised {type(exc).__name__}>"
-
-
 def _raised_reply(error: BaseException) -> tuple[Any, ...]:
     text = "".join(traceback.format_exception(error))
     blob: bytes | None = None
@@ -115,8 +110,9 @@ def _raised_reply(error: BaseException) -> tuple[Any, ...]:
         pickle.loads(pickled)
         blob = pickled
     except Exception as exc:
-        reason = f"{type(exc).__name__}: {_safe_str(exc)}"
-    return ("raised", blob, _type_name(error), _safe_str(error), text, reason)
+        reason = describe_exception(exc)
+    # A broken __str__ must not hide the error it belongs to: exception_message never raises.
+    return ("raised", blob, _type_name(error), exception_message(error), text, reason)
 
 
 def _reply(conn: Connection[Any, Any], value: Any) -> None:
@@ -299,12 +295,20 @@ class _Worker:
     def running(self) -> bool:
         return self._state is _State.RUNNING
 
-    def receive_description(self, timeout: float | None) -> dict[str, Any]:
-        """Waits for the worker's first message: the env's description, or what the factory raised."""
+    def receive_description(self, timeout: float | None, abort: StartAbort | None) -> dict[str, Any]:
+        """Waits for the worker's first message: the env's description, or what the factory raised.
+
+        ``abort`` may kill the worker meanwhile, from another thread; the wait then raises EnvClosedError.
+        """
         with self._call_lock:
             try:
+                if abort is not None:
+                    # Under the call lock: a kill from abort() leaves the handles to this thread.
+                    abort._watch(self)
                 data = self._exchange(None, operation="start", timeout_s=timeout)
             finally:
+                if abort is not None:
+                    abort._forget()
                 self._release_handles_if_ended()
         description: dict[str, Any] = self._unpack(data)
         return description
@@ -465,7 +469,7 @@ class _Worker:
             try:
                 error = pickle.loads(blob)
             except Exception as exc:  # its class is not importable here
-                reason = f"{type(exc).__name__}: {_safe_str(exc)}"
+                reason = describe_exception(exc)
         if not isinstance(error, BaseException):
             error = UnpicklableEnvError(
                 type_name=type_name, message=message, reason=reason, env_id=self.env_id
@@ -510,7 +514,7 @@ def _close_at_collection(worker: _Worker) -> None:
     try:
         worker.close()
     except Exception as exc:  # nobody is left to raise to
-        failure = f"; its close raised {type(exc).__name__}: {_safe_str(exc)}"
+        failure = f"; its close raised {describe_exception(exc)}"
     else:
         failure = ""
     warnings.warn(
@@ -518,6 +522,39 @@ def _close_at_collection(worker: _Worker) -> None:
         ResourceWarning,
         stacklevel=1,
     )
+
+
+class StartAbort:
+    """Lets another thread give up on an isolated env still starting: :meth:`abort` kills its worker.
+
+    Pass one to ``IsolatedEnv(..., abort=...)``. Aborted before or while the worker builds the env, the
+    start raises :class:`EnvClosedError` and leaves no process behind; once the env has started,
+    ``abort()`` no longer touches it. A thread cannot be stopped, a process can: this is how a caller
+    that stops waiting for an env (a cancelled rollout) makes sure it never arrives.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._aborted = False
+        self._starting: _Worker | None = None
+
+    def abort(self) -> None:
+        """Kills the worker if its env is still starting, and any worker that starts under this later."""
+        with self._lock:
+            self._aborted = True
+            if self._starting is not None:
+                self._starting.kill()
+
+    def _watch(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._aborted:
+                worker.kill()
+            else:
+                self._starting = worker
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._starting = None
 
 
 def _check_timeout(option: str, value: float | None, *, optional: bool = True) -> None:
@@ -555,11 +592,13 @@ class IsolatedEnv(gymnasium.Env[Any, Any]):
         start_timeout: Deadline for the worker to start and ``env_fn`` to return; None: no limit. For
             the first isolated env of a program it includes the fork server's start (about a second).
         close_timeout: How long ``close`` waits for the env to close before killing the worker.
+        abort: Lets another thread end the start early (see :class:`StartAbort`).
 
     Raises:
         UnsupportedConfigError: ``env_fn`` cannot be pickled, or a timeout is not a number > 0.
         EnvTimeoutError: the worker did not start within ``start_timeout`` (it was killed).
         EnvWorkerDiedError: the worker died while starting.
+        EnvClosedError: ``abort`` was aborted before the env started (the worker was killed).
         Exception: what ``env_fn`` raised in the worker, as itself.
     """
 
@@ -571,6 +610,7 @@ class IsolatedEnv(gymnasium.Env[Any, Any]):
         reset_timeout: float | None = None,
         start_timeout: float | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
+        abort: StartAbort | None = None,
     ) -> None:
         _check_timeout("step_timeout", step_timeout)
         _check_timeout("reset_timeout", reset_timeout)
@@ -605,7 +645,7 @@ class IsolatedEnv(gymnasium.Env[Any, Any]):
         # Interpreter exit is _close_workers_at_exit's job: it runs early enough.
         self._finalizer.atexit = False
         try:
-            description = worker.receive_description(start_timeout)
+            description = worker.receive_description(start_timeout, abort)
         except BaseException:
             self._finalizer.detach()
             worker.abandon()

@@ -1,4 +1,4 @@
-"""Batch metrics: rollout errors by type and phase, completion times, rewards (DESIGN.md §3)."""
+"""Batch metrics: rollout errors by type, root cause and phase; completion times; rewards (DESIGN.md §3)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from gym_resilience.errors import root_cause
 from gym_resilience.placeholders import FailedRollout
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory
 
@@ -25,7 +26,9 @@ def batch_metrics(
 ) -> dict[str, float]:
     """Metrics of one batch, before substitution: failures are still markers here.
 
-    Completion times cover every rollout, failed ones included (their measured time until failure).
+    Errors are counted by the failure's type (``rollout_errors/type/EnvStepError``), by its root cause
+    (``rollout_errors/cause/ConnectionError``) and by phase. Completion times cover every rollout,
+    failed ones included (their measured time until failure).
     ``attempts`` maps a rollout's index to its attempts, for the rollouts that were retried.
     """
     failures = [o for o in outputs if isinstance(o, FailedRollout)]
@@ -39,6 +42,8 @@ def batch_metrics(
     }
     for name, count in Counter(type(f.exception).__name__ for f in failures).items():
         metrics[f"rollout_errors/type/{name}"] = float(count)
+    for name, count in Counter(type(root_cause(f.exception)).__name__ for f in failures).items():
+        metrics[f"rollout_errors/cause/{name}"] = float(count)
     for phase, count in Counter(f.phase for f in failures).items():
         metrics[f"rollout_errors/phase/{phase}"] = float(count)
     times = [f.elapsed_s for f in failures] + [o.e2e_time for o in successes if o.e2e_time is not None]

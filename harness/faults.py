@@ -44,6 +44,7 @@ import gymnasium
 from gym_resilience import current_rollout
 from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
 from gym_resilience.errors import UnsupportedConfigError
+from gym_resilience.rollout_header import RolloutIdentity
 from gym_resilience.tasks import Task
 from harness.jsonlines import append_json_line, read_json_lines
 from harness.results import FaultFiring, RolloutSpan, TurnSpan
@@ -117,11 +118,38 @@ def draw(seed: int, *key: object) -> float:
 
 
 def connection_fires(when: ConnectionTargeting, *, seed: int, fault_index: int, connection: int) -> bool:
-    """Whether a network fault hits TCP connection number ``connection`` (0-based, accept order)."""
-    if when.nth_connection is not None and connection not in when.nth_connection:
+    """Whether a network fault hits TCP connection number ``connection`` (0-based, accept order).
+
+    Only a fault with ``nth_connection`` is decided per connection; every other one per request.
+    """
+    if when.nth_connection is None or connection not in when.nth_connection:
         return False
     if when.probability is not None:
         return draw(seed, fault_index, "connection", connection) < when.probability
+    return True
+
+
+def request_fires(
+    when: ConnectionTargeting, *, seed: int, fault_index: int, identity: RolloutIdentity | None
+) -> bool:
+    """Whether a network fault hits a request serving ``identity`` (None: it named no rollout).
+
+    A request that names no rollout is hit only by a fault with no rollout filter and no probability.
+    """
+    if when.nth_connection is not None:
+        return False
+    if identity is None or identity == RolloutIdentity():
+        return not when.by_request_identity and when.probability is None
+    for wanted, value in (
+        (when.rollouts, identity.rollout),
+        (when.turns, identity.turn),
+        (when.attempts, identity.attempt),
+    ):
+        if wanted is not None and value not in wanted:
+            return False
+    if when.probability is not None:
+        key = (identity.rollout, identity.attempt, identity.turn)
+        return draw(seed, fault_index, "request", *key) < when.probability
     return True
 
 
@@ -199,12 +227,13 @@ class FaultPlan:
         try:
             cls = resolve_exception(fault.exception)
         except ValueError as exc:
-            raise UnsupportedConfigError(str(exc), option=option) from exc
+            # Its text is the whole message; as the cause it would be repeated at the message's end.
+            raise UnsupportedConfigError(str(exc), option=option) from None
         try:
             _construct(cls, fault.message)
         except Exception as exc:
-            raise UnsupportedConfigError(
-                f"{fault.exception} cannot be raised from a message alone ({type(exc).__name__}: {exc}); "
+            raise UnsupportedConfigError(  # the message ends with what the constructor raised
+                f"{fault.exception} cannot be raised from a message alone; "
                 "name an exception class whose constructor takes one message, such as RuntimeError, "
                 "ConnectionResetError or EnvError",
                 option=option,

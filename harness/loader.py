@@ -11,6 +11,11 @@ Loading and validating are separate steps (STYLE.md "Scenario files"):
 Every problem surfaces as one :class:`~gym_resilience.ScenarioError` naming the file, the line, the field
 path (``faults[2].kind``) and what was expected; when a file has several problems, the first in the file
 is reported. The library raises and never prints: the command line turns the error into exit code 2.
+
+Whatever the input, loading takes bounded time and memory: only regular files of at most
+:data:`MAX_SCENARIO_BYTES` are read, the YAML may nest :data:`MAX_NESTING` levels and hold
+:data:`MAX_VALUES` values with every alias expanded, integers fit in 64 bits, and a user module that a
+scenario names may raise anything, ``SystemExit`` and ``KeyboardInterrupt`` included, while it is imported.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import math
+import os
+import stat
 import sys
 import types
 import typing
@@ -42,10 +50,15 @@ from gym_resilience.retry import RetryPolicy
 from harness.spec import EngineFault, EnvFault, NetworkFault, Scenario
 
 __all__ = [
+    "MAX_NESTING",
+    "MAX_SCENARIO_BYTES",
+    "MAX_VALUES",
     "SCENARIO_SUFFIXES",
+    "field_path",
     "load_scenario",
     "load_scenarios",
     "parse_scenario",
+    "read_input_file",
     "resolve_exception",
     "runner_config",
     "scenario_files",
@@ -53,6 +66,21 @@ __all__ = [
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 """The files a directory given to :func:`load_scenarios` expands to."""
+
+MAX_SCENARIO_BYTES = 256 * 1024
+"""The largest scenario file read, 100 times the largest of the bundled suite; parsing YAML in pure Python
+takes about a second per 256 KiB, so a larger file (a log pasted by mistake) gets its error quickly."""
+
+MAX_NESTING = 32
+"""How deeply a scenario's YAML may nest, aliases expanded; a scenario needs 6 levels
+(``faults[0].when.rollouts[0]``)."""
+
+MAX_VALUES = 20_000
+"""How many values (scalars, lists, mappings) a scenario's YAML may hold with every alias expanded: a
+few anchors that alias each other would otherwise expand to billions of values ("billion laughs")."""
+
+_INT_LIMIT = 2**63
+"""Integers in a scenario fit in a signed 64-bit integer, as the seeds and counts they feed must."""
 
 Loc = tuple[str | int, ...]
 """A path into the scenario data: mapping keys and list indices, ``("faults", 2, "kind")``."""
@@ -88,13 +116,9 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     file = str(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(file=file, field="", reason="no such file") from None
-    except IsADirectoryError:
-        raise ScenarioError(file=file, field="", reason="is a directory, not a scenario file") from None
-    except OSError as exc:
-        raise ScenarioError(file=file, field="", reason=f"cannot read the file: {exc.strerror}") from None
+        raw = read_input_file(path, max_bytes=MAX_SCENARIO_BYTES, what="scenario file")
+    except ValueError as exc:
+        raise ScenarioError(file=file, field="", reason=str(exc)) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -126,7 +150,11 @@ def scenario_files(paths: Sequence[str | Path]) -> list[Path]:
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix in SCENARIO_SUFFIXES and p.is_file())
+            try:
+                found = sorted(p for p in path.iterdir() if p.suffix in SCENARIO_SUFFIXES and p.is_file())
+            except OSError as exc:
+                reason = f"cannot list the directory: {exc.strerror}"
+                raise ScenarioError(file=str(path), field="", reason=reason) from None
             if not found:
                 reason = "no scenario files (*.yaml, *.yml) in this directory"
                 raise ScenarioError(file=str(path), field="", reason=reason)
@@ -140,6 +168,51 @@ def scenario_files(paths: Sequence[str | Path]) -> list[Path]:
                 seen.add(key)
                 files.append(file)
     return files
+
+
+def read_input_file(path: str | Path, *, max_bytes: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, which holds at most ``max_bytes`` of them.
+
+    The file's type is checked before it is opened, and it is opened without blocking, so a FIFO or a
+    device (``/dev/zero``) is refused rather than read forever. ``what`` names the file in messages
+    (``"scenario file"``).
+
+    Raises:
+        ValueError: the file is missing, not a regular file, too large or unreadable; the message says
+            which, without the file's name.
+    """
+    try:
+        _check_regular(os.stat(path).st_mode, what)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read the file: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as stream:
+        info = os.fstat(stream.fileno())
+        _check_regular(info.st_mode, what)  # it may have been replaced since the first check
+        if info.st_size > max_bytes:
+            raise ValueError(_too_large(info.st_size, max_bytes, what))
+        try:
+            data = stream.read(max_bytes + 1)
+        except OSError as exc:
+            raise ValueError(f"cannot read the file: {exc.strerror}") from None
+    if len(data) > max_bytes:  # it grew since fstat
+        raise ValueError(_too_large(len(data), max_bytes, what))
+    return data
+
+
+def _check_regular(mode: int, what: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"is a directory, not a {what}")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ValueError(f"is {kind}, not a regular file; give a {what}")
+
+
+def _too_large(size: int, limit: int, what: str) -> str:
+    readable = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+    return f"the file is {size:,} bytes; a {what} is at most {limit:,} bytes ({readable})"
 
 
 def load_scenarios(paths: Sequence[str | Path]) -> list[tuple[Path, Scenario]]:
@@ -164,18 +237,7 @@ def resolve_exception(name: str) -> type[BaseException]:
         module_name, _, qualname = name.partition(":")
         if not module_name or not qualname:
             raise ValueError(f"exception {name!r} must be module:Name")
-        try:
-            found: Any = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"cannot import module {module_name!r} for exception {name!r}: {exc}") from None
-        except Exception as exc:  # the module's own code failed: say how, without its traceback
-            raise ValueError(
-                f"importing module {module_name!r} for exception {name!r} raised {type(exc).__name__}: {exc}"
-            ) from None
-        for part in qualname.split("."):
-            if not hasattr(found, part):
-                raise ValueError(f"module {module_name!r} has no attribute {qualname!r}")
-            found = getattr(found, part)
+        found: Any = _import_attribute(module_name, qualname, f" for exception {_show(name)}")
     else:
         candidates = _named_exceptions()
         if name not in candidates:
@@ -195,6 +257,37 @@ def resolve_exception(name: str) -> type[BaseException]:
     return found
 
 
+def _import_attribute(module_name: str, qualname: str, purpose: str = "") -> Any:
+    """``module_name:qualname`` imported, for a scenario's ``pipeline`` or exception name.
+
+    It is the user's code: importing it may raise anything, ``SystemExit`` and ``KeyboardInterrupt``
+    included, and that is a problem of the scenario file that names it, not the end of the command.
+
+    Raises:
+        ValueError: the module does not import or has no such attribute; ``purpose`` (`` for exception
+            'x'``) goes after the module's name in the message.
+    """
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {_show(module_name)}{purpose}: {exc}") from None
+    except BaseException as exc:  # the module's own code failed: say how, without its traceback
+        raise ValueError(
+            f"importing module {_show(module_name)}{purpose} raised {_error_text(exc)}"
+        ) from None
+    for part in qualname.split("."):
+        try:
+            found = getattr(found, part)
+        except BaseException:  # AttributeError, or whatever a module's __getattr__ raises
+            raise ValueError(f"module {_show(module_name)} has no attribute {_show(qualname)}") from None
+    return found
+
+
+def _error_text(exc: BaseException) -> str:
+    """``SystemExit: 3``, or just ``KeyboardInterrupt`` when it has no message."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def runner_config(scenario: Scenario, *, file: str | Path = "<scenario>") -> RunnerConfig:
     """The ``RunnerConfig`` the scenario's ``runner:`` mapping describes (``retry:`` as a RetryPolicy).
 
@@ -207,7 +300,7 @@ def runner_config(scenario: Scenario, *, file: str | Path = "<scenario>") -> Run
     try:
         return _build_runner_config(scenario.runner)
     except _Problem as problem:
-        raise ScenarioError(file=str(file), field=_field_path(problem.loc), reason=problem.reason) from None
+        raise ScenarioError(file=str(file), field=field_path(problem.loc), reason=problem.reason) from None
 
 
 # --- step 1: parse ----------------------------------------------------------------------------------------
@@ -215,13 +308,13 @@ def runner_config(scenario: Scenario, *, file: str | Path = "<scenario>") -> Run
 
 def _parse(text: str, file: str) -> tuple[Any, yaml.Node | None]:
     """``yaml.safe_load(text)``, and the document's root node (None for an empty document)."""
-    loader: yaml.SafeLoader | None = None
+    loader: _BoundedLoader | None = None
     try:
-        loader = yaml.SafeLoader(text)  # the reader rejects control characters already here
+        loader = _BoundedLoader(text)  # the reader rejects control characters already here
         root = loader.get_single_node()
         if root is None:
             return None, None
-        _reject_duplicate_keys(root, file)
+        _check_nodes(loader, root, file)
         return loader.construct_document(root), root
     except yaml.MarkedYAMLError as exc:
         raise _yaml_error(exc, file) from None
@@ -232,11 +325,74 @@ def _parse(text: str, file: str) -> tuple[Any, yaml.Node | None]:
         raise ScenarioError(file=file, field="", reason=reason, line=line) from None
     except yaml.YAMLError as exc:
         raise ScenarioError(file=file, field="", reason=f"invalid YAML: {exc}") from None
-    except RecursionError:
-        raise ScenarioError(file=file, field="", reason="invalid YAML: nested too deeply") from None
+    except _TooBig as exc:
+        raise ScenarioError(file=file, field="", reason=str(exc), line=exc.line) from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+class _TooBig(Exception):
+    """The YAML nests too deeply or holds too many values, aliases expanded (internal)."""
+
+    def __init__(self, reason: str, mark: Any) -> None:  # a yaml Mark, from the pure or the C parser
+        super().__init__(reason)
+        self.line: int | None = mark.line + 1 if mark is not None else None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that stops composing past :data:`MAX_NESTING` levels or :data:`MAX_VALUES` values,
+    counting what every alias expands to, so neither a deep nor an exponentially aliased document
+    ("billion laughs") costs more than the limits before it is refused."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._values = 0
+        self._open: list[str] = []  # anchors of the nodes being composed: an alias to one is recursive
+        self._expanded: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth), aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open:
+                raise _TooBig(
+                    f"alias *{event.anchor} is inside the node it names, so it would expand forever",
+                    event.start_mark,
+                )
+            if event.anchor in self.anchors:  # else the composer's own "undefined alias" error
+                self._count(*self._expansion(self.anchors[event.anchor]), event.start_mark)
+            return super().compose_node(parent, index)
+        self._count(1, 1, event.start_mark)
+        anchor = getattr(event, "anchor", None)
+        self._depth += 1
+        self._open.append(anchor or "")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open.pop()
+            self._depth -= 1
+
+    def _count(self, values: int, depth: int, mark: Any) -> None:
+        self._values += values
+        if self._depth + depth > MAX_NESTING:
+            raise _TooBig(f"the YAML nests deeper than {MAX_NESTING} levels (aliases expanded)", mark)
+        if self._values > MAX_VALUES:
+            raise _TooBig(f"the YAML holds more than {MAX_VALUES} values (aliases expanded)", mark)
+
+    def _expansion(self, node: yaml.Node) -> tuple[int, int]:
+        """(values, depth) of ``node`` with every alias in it expanded; linear in the distinct nodes."""
+        key = id(node)  # every node stays referenced by the document while it loads: ids are stable
+        if key not in self._expanded:
+            children: list[yaml.Node] = []
+            if isinstance(node, yaml.SequenceNode):
+                children = list(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                children = [item for pair in node.value for item in pair]
+            sizes = [self._expansion(child) for child in children]
+            values = 1 + sum(size for size, _ in sizes)
+            self._expanded[key] = (values, 1 + max((depth for _, depth in sizes), default=0))
+        return self._expanded[key]
 
 
 def _yaml_error(exc: yaml.MarkedYAMLError, file: str) -> ScenarioError:
@@ -252,24 +408,32 @@ def _yaml_error(exc: yaml.MarkedYAMLError, file: str) -> ScenarioError:
     return ScenarioError(file=file, field="", reason=f"invalid YAML: {reason}", line=line)
 
 
-def _reject_duplicate_keys(root: yaml.Node, file: str) -> None:
-    """safe_load keeps the last of two equal keys silently; in a scenario that drops half a fault list."""
+_TAG_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "timestamp": "a date"}
+
+
+def _check_nodes(loader: yaml.SafeLoader, root: yaml.Node, file: str) -> None:
+    """What ``safe_load`` would get wrong or fail on, named at its field: a key given twice (safe_load
+    keeps the last, which in a scenario drops half a fault list), a scalar its tag cannot read
+    (``2024-13-01`` is a malformed date, not a string), an integer beyond 64 bits."""
     seen_nodes: set[int] = set()
 
     def visit(node: yaml.Node, loc: Loc) -> None:
-        if id(node) in seen_nodes:  # an alias, possibly recursive
+        if id(node) in seen_nodes:  # an alias
             return
         seen_nodes.add(id(node))
-        if isinstance(node, yaml.MappingNode):
+        if isinstance(node, yaml.ScalarNode):
+            _check_scalar(loader, node, file, loc)
+        elif isinstance(node, yaml.MappingNode):
             first_line: dict[str, int] = {}
             for key, value in node.value:
                 if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
                     visit(value, loc)
                     continue
+                _check_scalar(loader, key, file, loc)
                 line = key.start_mark.line + 1
                 if key.value in first_line:
                     reason = f"duplicate field {key.value!r} (first given on line {first_line[key.value]})"
-                    field = _field_path((*loc, key.value))
+                    field = field_path((*loc, key.value))
                     raise ScenarioError(file=file, field=field, reason=reason, line=line)
                 first_line[key.value] = line
                 visit(value, (*loc, key.value))
@@ -278,6 +442,29 @@ def _reject_duplicate_keys(root: yaml.Node, file: str) -> None:
                 visit(item, (*loc, index))
 
     visit(root, ())
+
+
+def _check_scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode, file: str, loc: Loc) -> None:
+    """Constructs ``node`` (the loader keeps the value for the document) or raises at its field."""
+    kind = node.tag.rpartition(":")[2]
+    line = node.start_mark.line + 1
+    digits = node.value if len(node.value) <= 30 else f"{node.value[:20]}... ({len(node.value)} characters)"
+    out_of_range = f"integer {digits} is out of range: integers in a scenario fit in 64 bits"
+    if kind == "int" and len(node.value) > 100:  # int() of thousands of digits is slow, then refused
+        raise ScenarioError(file=file, field=field_path(loc), reason=out_of_range, line=line)
+    try:
+        value = loader.construct_object(node)
+    except yaml.MarkedYAMLError:
+        raise
+    except Exception as exc:  # a malformed value for its tag: ValueError, KeyError, OverflowError
+        detail = f": {exc}" if isinstance(exc, ValueError) and str(exc) else ""
+        reason = (
+            f"cannot read {_show(node.value)} as {_TAG_WORDS.get(kind, node.tag)}{detail}; "
+            "quote it to make it a string"
+        )
+        raise ScenarioError(file=file, field=field_path(loc), reason=reason, line=line) from None
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT_LIMIT <= value < _INT_LIMIT:
+        raise ScenarioError(file=file, field=field_path(loc), reason=out_of_range, line=line)
 
 
 # --- step 2: validate -------------------------------------------------------------------------------------
@@ -303,25 +490,36 @@ def _validate(data: Any, root: yaml.Node | None, file: str, folder: Path | None)
     if not problems:
         return scenario
     # The first problem in the file, so that fixing a file top to bottom meets the errors in order.
-    located = [(_locate(root, problem.anchor), order, problem) for order, problem in enumerate(problems)]
+    keys: _KeyIndex = {}
+    located = [
+        (_locate(root, problem.anchor, keys), order, problem) for order, problem in enumerate(problems)
+    ]
     (line, _column), _, first = min(located, key=lambda item: (item[0], item[1]))
-    raise ScenarioError(file=file, field=_field_path(first.loc), reason=first.reason, line=line)
+    raise ScenarioError(file=file, field=field_path(first.loc), reason=first.reason, line=line)
 
 
-def _locate(root: yaml.Node, loc: Loc) -> tuple[int, int]:
+_KeyIndex = dict[int, dict[str, tuple[yaml.Node, yaml.Node]]]
+"""id(mapping node) -> its (key, value) nodes by key: a file with thousands of problems is located in
+linear time."""
+
+
+def _locate(root: yaml.Node, loc: Loc, index: _KeyIndex) -> tuple[int, int]:
     """The (line, column) of the field at ``loc``: its key's position in a mapping, its item's position in a
     list, or the nearest enclosing one that the file has (a missing field is reported at its parent)."""
     node = root
     mark = root.start_mark
     for item in loc:
         if isinstance(node, yaml.MappingNode):
-            # Last match: the loader's merge (<<) puts merged keys first, and later keys win.
-            for key, value in reversed(node.value):
-                if isinstance(key, yaml.ScalarNode) and key.value == str(item):
-                    mark, node = key.start_mark, value
-                    break
-            else:
+            if id(node) not in index:
+                # Later pairs win, as in the loader, whose merge (<<) puts merged keys first.
+                index[id(node)] = {
+                    key.value: (key, value) for key, value in node.value if isinstance(key, yaml.ScalarNode)
+                }
+            found = index[id(node)].get(str(item))
+            if found is None:
                 break
+            key, node = found
+            mark = key.start_mark
         elif isinstance(node, yaml.SequenceNode) and isinstance(item, int) and 0 <= item < len(node.value):
             node = node.value[item]
             mark = node.start_mark
@@ -330,11 +528,15 @@ def _locate(root: yaml.Node, loc: Loc) -> tuple[int, int]:
     return mark.line + 1, mark.column
 
 
-def _field_path(loc: Loc) -> str:
-    """``("faults", 2, "kind")`` -> ``faults[2].kind``."""
+def field_path(loc: Sequence[str | int]) -> str:
+    """``("faults", 2, "kind")`` -> ``faults[2].kind``: a path into YAML or JSON data as messages give it."""
     path = ""
     for item in loc:
-        path += f"[{item}]" if isinstance(item, int) else (f".{item}" if path else item)
+        if isinstance(item, int):
+            path += f"[{item}]"
+            continue
+        name = item if item.isprintable() else repr(item)  # a line break in a key must not split the message
+        path += f".{name}" if path else name
     return path
 
 
@@ -479,6 +681,8 @@ def _problem_from_pydantic(error: ErrorDetails) -> _Problem:
         return _Problem((*loc, discriminator), f"expected one of {choices}, got {_show(tag)}")
     if kind in ("value_error", "assertion_error") and "error" in ctx:
         return _Problem(loc, str(ctx["error"]))
+    if kind == "finite_number":
+        return _Problem(loc, f"expected a finite number, got {_show(value)}")
     if kind in ("too_short", "too_long") and typing.get_origin(expected) is tuple:
         return _Problem(loc, f"expected {_describe(expected)}, got {_count(value)}")
     if expected is None:
@@ -563,6 +767,8 @@ def _show(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
@@ -575,7 +781,7 @@ def _show(value: Any) -> str:
 
 
 def _unknown_field(name: str, known: Sequence[str]) -> str:
-    return f"unknown field {name!r}" + (
+    return f"unknown field {_show(name)}" + (
         _did_you_mean(name, known) or (f"; expected one of {', '.join(known)}" if known else "")
     )
 
@@ -632,11 +838,11 @@ def _fault_problems(
         else:
             try:
                 exception(fault.message)
-            except Exception as exc:
+            except BaseException as exc:  # a user's exception class runs its own code
                 yield _Problem(
                     (*at, "exception"),
                     f"exception {fault.exception!r} cannot be raised with a message: "
-                    f"{fault.exception}(message) raised {type(exc).__name__}: {exc}; "
+                    f"{fault.exception}(message) raised {_error_text(exc)}; "
                     "name one that takes a single message argument",
                 )
     if isinstance(fault, EnvFault) and fault.kind == "bad_output" and fault.method == "close":
@@ -762,18 +968,10 @@ def _pipeline_problems(spec: str) -> Iterator[_Problem]:
     at: Loc = ("pipeline",)
     module_name, _, qualname = spec.partition(":")
     try:
-        found: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        yield _Problem(at, f"cannot import module {module_name!r}: {exc}")
+        found = _import_attribute(module_name, qualname)
+    except ValueError as exc:
+        yield _Problem(at, str(exc))
         return
-    except Exception as exc:  # the module's own code failed: say how, without its traceback
-        yield _Problem(at, f"importing module {module_name!r} raised {type(exc).__name__}: {exc}")
-        return
-    for part in qualname.split("."):
-        if not hasattr(found, part):
-            yield _Problem(at, f"module {module_name!r} has no attribute {qualname!r}")
-            return
-        found = getattr(found, part)
     expected = f"expected async def {qualname.rpartition('.')[2]}(tasks, env_factory, engine)"
     if not inspect.iscoroutinefunction(found):
         yield _Problem(at, f"{spec!r} is not an async function; {expected}")
@@ -871,6 +1069,8 @@ def _checked(loc: Loc, value: Any, annotation: Any) -> Any:
         if member is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if member is float and isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):  # an infinite deadline is no deadline: null says that
+                raise _Problem(loc, f"expected a finite number, got {_show(value)}")
             return float(value)
         if member is str and isinstance(value, str):
             return value

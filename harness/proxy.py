@@ -1,19 +1,23 @@
-"""A loopback TCP fault proxy: real network faults between a client and its server (DESIGN.md §6).
+"""A loopback TCP fault proxy: real network faults between a client and its server.
 
-In the spirit of toxiproxy: ``FaultProxy`` listens on ``127.0.0.1`` (an ephemeral port), forwards each
-accepted connection to the one upstream it was given, and applies at most one network fault per
-connection, chosen in accept order (0-based) by each fault's ``ConnectionTargeting``:
+In the spirit of toxiproxy: ``FaultProxy`` listens on ``127.0.0.1`` (an ephemeral port) and forwards
+each accepted connection to the one upstream it was given. It reads the HTTP/1.1 requests that cross
+it, one by one (keep-alive included), and applies at most one network fault per request, chosen by
+the rollout the request names in its ``x-gym-resilience-rollout`` header (see ``ConnectionTargeting``):
+the same requests are hit on every run, whatever order their connections arrive in. A fault with
+``nth_connection`` is decided per TCP connection instead, in accept order (0-based).
 
-- ``latency``: every chunk, in both directions, is delayed ``latency_s`` before it is passed on;
-- ``reset_peer``: the proxy waits for the request's first bytes (so the client has sent its request:
-  a reset mid-request), never contacts the upstream, and closes the client socket with ``SO_LINGER``
-  0, which sends a TCP RST: the client sees ``ConnectionResetError`` (``ECONNRESET``), or
-  ``BrokenPipeError`` if it was still sending;
+- ``latency``: every chunk of the request and of its answer is delayed ``latency_s``;
+- ``reset_peer``: the proxy reads the request's head (so the client has sent its request: a reset
+  mid-request), sends nothing upstream, and closes the client socket with ``SO_LINGER`` 0, which sends
+  a TCP RST: the client sees ``ConnectionResetError`` (``ECONNRESET``), or ``BrokenPipeError`` if it
+  was still sending;
 - ``timeout``: the proxy reads and discards what the client sends and never answers, keeping the
   socket open until the client gives up (its own timeout fires) or the proxy stops.
 
-Without a fault the connection is forwarded transparently, both directions at once, half-closes
-included. If the upstream refuses, the client's connection is reset, as a dead server's would be.
+Without a fault the bytes are forwarded unchanged, both directions at once, half-closes included;
+traffic that is not HTTP/1.x (or a chunked request body) passes through as it is. If the upstream
+refuses, the client's connection is reset, as a dead server's would be.
 
 The proxy runs its own asyncio loop in a background thread, so it works beside any client, synchronous
 (``http.client`` in the tool env) or asynchronous (``httpx`` in the served engine). It only ever
@@ -25,21 +29,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import ipaddress
+import re
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Self
+from typing import Final, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.faults import FaultPlan, connection_fires
+from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, parse_rollout_header
+from harness.faults import FaultPlan, connection_fires, request_fires
 from harness.results import FaultFiring
 from harness.spec import NetworkFault
 
-__all__ = ["FaultProxy"]
+__all__ = ["FaultProxy", "RequestHead", "parse_request_head"]
 
 _CHUNK = 64 * 1024
 
@@ -227,17 +235,24 @@ class FaultProxy:
                 return index, fault
         return None
 
-    def _fired(self, index: int, fault: NetworkFault, connection: int) -> None:
+    def _choose_request(self, identity: RolloutIdentity | None) -> tuple[int, NetworkFault] | None:
+        for index, fault in self.faults:
+            if request_fires(fault.when, seed=self.seed, fault_index=index, identity=identity):
+                return index, fault
+        return None
+
+    def _fired(self, index: int, fault: NetworkFault, where: str, identity: RolloutIdentity | None) -> None:
         what = {"latency": f"latency {fault.latency_s:g} s", "reset_peer": "reset", "timeout": "timeout"}
         start = self.plan.start if self.plan is not None else self._started
+        identity = identity or RolloutIdentity()
         firing = FaultFiring(
             fault=index,
             kind=fault.kind,
             target=fault.target,
-            rollout=None,
-            attempt=None,
-            turn=None,
-            detail=f"{fault.link} connection {connection}: {what[fault.kind]}",
+            rollout=identity.rollout,
+            attempt=identity.attempt,
+            turn=identity.turn,
+            detail=f"{fault.link} {where}: {what[fault.kind]}",
             at_s=time.time() - start,
         )
         if self.plan is not None:
@@ -259,19 +274,19 @@ class FaultProxy:
         reset = False
         try:
             if chosen is None:
-                reset = await self._forward(reader, writer, delay_s=0.0)
+                requests = functools.partial(self._requests, connection)
+                reset = await self._forward(reader, writer, _Delay(), requests)
                 return
             index, fault = chosen
-            self._fired(index, fault, connection)
+            self._fired(index, fault, f"connection {connection}", None)
             if fault.kind == "latency":
-                reset = await self._forward(reader, writer, delay_s=fault.latency_s)
+                reset = await self._forward(reader, writer, _Delay(fault.latency_s), _pump)
             elif fault.kind == "reset_peer":
                 await reader.read(_CHUNK)
                 reset = True
             else:  # timeout: swallow the request, never answer
-                while await reader.read(_CHUNK):
-                    pass
-        except OSError:
+                await _discard(reader)
+        except (OSError, _ResetClient):
             reset = True
         finally:
             if reset:
@@ -280,15 +295,19 @@ class FaultProxy:
                 writer.close()
 
     async def _forward(
-        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter, *, delay_s: float
+        self,
+        client_reader: asyncio.StreamReader,
+        client_writer: asyncio.StreamWriter,
+        delay: _Delay,
+        outbound_pump: _Pump,
     ) -> bool:
         """Pipe both directions until both end; True when the client's side should be reset."""
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
             return True  # the upstream refused: the client sees a reset, as from a dead server
-        outbound = asyncio.ensure_future(_pump(client_reader, upstream_writer, delay_s))
-        inbound = asyncio.ensure_future(_pump(upstream_reader, client_writer, delay_s))
+        outbound = asyncio.ensure_future(outbound_pump(client_reader, upstream_writer, delay))
+        inbound = asyncio.ensure_future(_pump(upstream_reader, client_writer, delay))
         try:
             # When one direction breaks, the other has nothing left to wait for.
             await asyncio.wait({outbound, inbound}, return_when=asyncio.FIRST_EXCEPTION)
@@ -304,13 +323,146 @@ class FaultProxy:
         # The upstream broke off (a reset, a SIGKILLed server): pass the breakage on to the client.
         return not inbound.cancelled() and isinstance(inbound.exception(), OSError)
 
+    async def _requests(
+        self, connection: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: _Delay
+    ) -> None:
+        """Forward the client's HTTP/1.1 requests one by one, deciding each one's fault by its rollout.
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
-    """Copy ``reader`` to ``writer`` chunk by chunk, each delayed ``delay_s``; pass the EOF on."""
+        Traffic that does not start as an HTTP request is decided once, as a request naming no
+        rollout, and passed on as it is; so is everything after a request this cannot frame (a
+        chunked body, a head over 64 KiB).
+        """
+        buffer = bytearray(await reader.read(_CHUNK))
+        if buffer and not _HTTP_START.match(buffer):
+            where = f"connection {connection}"
+            if await self._apply(self._choose_request(None), where, None, reader, delay):
+                await _send(writer, bytes(buffer), delay.s)
+                await _pump(reader, writer, delay)
+                return
+            buffer.clear()  # swallowed: the loop below has nothing to forward
+        while buffer:
+            while (end := buffer.find(b"\r\n\r\n")) < 0 and len(buffer) <= _CHUNK:
+                if not (more := await reader.read(_CHUNK)):
+                    break
+                buffer += more
+            request = parse_request_head(bytes(buffer[: end + 4])) if end >= 0 else None
+            if request is None:
+                await _send(writer, bytes(buffer), delay.s)
+                await _pump(reader, writer, delay)
+                return
+            where = f"{request.method} {request.path}"
+            if not await self._apply(
+                self._choose_request(request.identity), where, request.identity, reader, delay
+            ):
+                break
+            if request.chunked:
+                await _send(writer, bytes(buffer), delay.s)
+                await _pump(reader, writer, delay)
+                return
+            size = end + 4 + request.content_length
+            while len(buffer) < size and (more := await reader.read(_CHUNK)):
+                buffer += more
+            await _send(writer, bytes(buffer[:size]), delay.s)
+            del buffer[:size]
+            if not buffer:
+                buffer += await reader.read(_CHUNK)
+        if writer.can_write_eof() and not writer.is_closing():
+            writer.write_eof()
+
+    async def _apply(
+        self,
+        chosen: tuple[int, NetworkFault] | None,
+        where: str,
+        identity: RolloutIdentity | None,
+        reader: asyncio.StreamReader,
+        delay: _Delay,
+    ) -> bool:
+        """Apply a request's fault; False when nothing more is to be forwarded (a swallowed request)."""
+        delay.s = 0.0
+        if chosen is None:
+            return True
+        index, fault = chosen
+        self._fired(index, fault, where, identity)
+        if fault.kind == "reset_peer":
+            raise _ResetClient
+        if fault.kind == "timeout":
+            await _discard(reader)
+            return False
+        delay.s = fault.latency_s
+        return True
+
+
+class _ResetClient(Exception):
+    """A request-level ``reset_peer`` fired: the client's connection is reset."""
+
+
+@dataclass
+class _Delay:
+    """The delay each chunk of a connection gets now; request-level latency changes it per request."""
+
+    s: float = 0.0
+
+
+_Pump = Callable[[asyncio.StreamReader, asyncio.StreamWriter, _Delay], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """What the proxy reads of an HTTP/1.1 request head to frame the request and target faults."""
+
+    method: str
+    path: str
+    content_length: int
+    chunked: bool
+    identity: RolloutIdentity | None
+
+
+_REQUEST_LINE: Final = re.compile(r"([A-Z]+) (\S+) HTTP/1\.[01]")
+_HTTP_START: Final = re.compile(rb"[A-Z]{1,16}( |$)")
+
+
+def parse_request_head(head: bytes) -> RequestHead | None:
+    """The request in ``head`` (through the blank line), or None if it is not an HTTP/1.x request."""
+    lines = head.decode("latin-1").split("\r\n")
+    match = _REQUEST_LINE.fullmatch(lines[0])
+    if match is None:
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if colon:
+            headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length", "0")
+    if not length.isdigit():
+        return None
+    rollout = headers.get(ROLLOUT_HEADER)
+    return RequestHead(
+        method=match.group(1),
+        path=match.group(2),
+        content_length=int(length),
+        chunked="chunked" in headers.get("transfer-encoding", "").lower(),
+        identity=parse_rollout_header(rollout) if rollout is not None else None,
+    )
+
+
+async def _send(writer: asyncio.StreamWriter, data: bytes, delay_s: float) -> None:
+    if not data:
+        return
+    if delay_s:
+        await asyncio.sleep(delay_s)
+    writer.write(data)
+    await writer.drain()
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    """Read and drop what the client sends until it gives up: a request that is never answered."""
+    while await reader.read(_CHUNK):
+        pass
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: _Delay) -> None:
+    """Copy ``reader`` to ``writer`` chunk by chunk, each delayed ``delay.s``; pass the EOF on."""
     while chunk := await reader.read(_CHUNK):
-        if delay_s:
-            await asyncio.sleep(delay_s)
-        writer.write(chunk)
-        await writer.drain()
+        await _send(writer, chunk, delay.s)
     if writer.can_write_eof() and not writer.is_closing():
         writer.write_eof()

@@ -29,12 +29,13 @@ from gym_resilience import (
     Task,
     build_batch_output,
     group_relative_advantages,
+    rollout_headers,
     validate_batch_output,
-    without_timings,
 )
 from gym_resilience.engines import Engine
 from gym_resilience.envs import ToolServer
 from gym_resilience.task_gen import generate_tasks, tool_env_factory, word_game_factory
+from harness.compare import Comparison, compare_outputs
 from harness.faults import (
     FaultPlan,
     FaultyEngine,
@@ -46,7 +47,7 @@ from harness.faults import (
 from harness.ledger import EnvLedger
 from harness.loader import resolve_exception, runner_config
 from harness.proxy import FaultProxy
-from harness.results import ProbeResult, ScenarioResult
+from harness.results import FaultFiring, ProbeResult, ScenarioResult
 from harness.spec import EngineSpec, NetworkFault, Scenario
 
 __all__ = ["Bench", "RunOutcome", "observe", "run_scenario"]
@@ -171,7 +172,7 @@ async def _engine_for(
             ).url
             for endpoint, url in enumerate(urls)
         ]
-    async with OpenAIEngine(urls, tokenizer_dir=served.model_dir) as engine:
+    async with OpenAIEngine(urls, tokenizer_dir=served.model_dir, headers=rollout_headers) as engine:
         yield engine, served.kill, lambda: engine.stats.failovers
 
 
@@ -255,22 +256,6 @@ def _placeholder_count(outcome: RunOutcome) -> int | None:
     return sum(1 for flag in outcome.output.is_placeholder if flag)
 
 
-def _identical(baseline: RunOutcome, faulted: RunOutcome) -> bool | None:
-    if baseline.output is None or faulted.output is None:
-        return None
-    if baseline.trajectories is not None and faulted.trajectories is not None:
-        pairs = zip(baseline.trajectories, faulted.trajectories, strict=False)
-        return all(without_timings(b) == without_timings(f) for b, f in pairs if not f.is_placeholder)
-    columns = ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons")
-    rows = range(min(len(baseline.output), len(faulted.output)))
-    return all(
-        getattr(baseline.output, c)[row] == getattr(faulted.output, c)[row]
-        for row in rows
-        if not faulted.output.is_placeholder[row]
-        for c in columns
-    )
-
-
 def _validator_passes(output: BatchOutput | None, num_prompts: int, step_wise: bool) -> bool:
     if output is None:
         return False
@@ -292,11 +277,29 @@ def _logprobs_per_token(output: BatchOutput | None) -> bool:
     )
 
 
+def _latency_per_rollout(scenario: Scenario, firings: Sequence[FaultFiring]) -> float | None:
+    """The most network latency the faults injected into one rollout's requests, which run one after
+    another (each delayed request waited at least ``latency_s``); None when no latency hit a rollout."""
+    totals: dict[int, float] = {}
+    for firing in firings:
+        fault = scenario.faults[firing.fault]
+        if isinstance(fault, NetworkFault) and fault.kind == "latency" and firing.rollout is not None:
+            totals[firing.rollout] = totals.get(firing.rollout, 0.0) + fault.latency_s
+    return max(totals.values(), default=None)
+
+
 def observe(
-    baseline: RunOutcome, faulted: RunOutcome, *, num_prompts: int, step_wise: bool
+    scenario: Scenario,
+    baseline: RunOutcome,
+    faulted: RunOutcome,
+    *,
+    num_prompts: int,
+    step_wise: bool,
+    comparison: Comparison,
 ) -> dict[str, Any]:
     """Every probe's observation of one scenario (None where a probe has nothing to observe)."""
     output = faulted.output
+    latency = _latency_per_rollout(scenario, faulted.firings)
     masked = None
     if output is not None and not step_wise:
         masked = len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
@@ -306,9 +309,11 @@ def observe(
         "failed": _placeholder_count(faulted),
         "placeholders": _placeholder_count(faulted),
         "envs_unclosed": baseline.envs_unclosed + faulted.envs_unclosed,
-        "identical_to_baseline": _identical(baseline, faulted),
+        "identical_to_baseline": comparison.identical,
+        "numerical_ties": len(comparison.ties) if comparison.identical is not None else None,
         "error_type": type(faulted.error).__name__ if faulted.error is not None else "none",
         "wall_time_ratio": faulted.wall_s / baseline.wall_s if baseline.wall_s > 0 else None,
+        "wall_over_injected_latency": faulted.wall_s / latency if latency else None,
         "retries": faulted.metrics.get("retries", 0.0),
         "retries_succeeded": faulted.metrics.get("retries/succeeded", 0.0),
         "failovers": faulted.failovers,
@@ -337,7 +342,9 @@ async def run_scenario(path: Path, scenario: Scenario, bench: Bench) -> Scenario
     result = ScenarioResult(file=str(path), title=scenario.title, status="error")
     result.spec = scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     try:
-        config = dataclasses.replace(runner_config(scenario), temperature=0.0)
+        # Greedy, so the runs can be compared token for token; logprobs, so a numerical tie between
+        # two tokens can be told from a real difference (harness.compare).
+        config = dataclasses.replace(runner_config(scenario), temperature=0.0, logprobs=True)
         seed = scenario.batch.seed if scenario.batch.seed is not None else scenario.seed
         tasks = generate_tasks(scenario.batch.tasks, seed=seed, env=scenario.batch.env)
         with tempfile.TemporaryDirectory(prefix="gym-resilience-chaos-") as tmp:
@@ -353,15 +360,25 @@ async def run_scenario(path: Path, scenario: Scenario, bench: Bench) -> Scenario
                     workdir=Path(tmp),
                 )
         baseline, faulted = runs[False], runs[True]
+        comparison = compare_outputs(baseline.output, faulted.output)
         observations = observe(
+            scenario,
             baseline,
             faulted,
             num_prompts=len(tasks) * config.n_samples_per_prompt,
             step_wise=config.step_wise,
+            comparison=comparison,
         )
+        details = {"identical_to_baseline": comparison.describe(), "numerical_ties": comparison.describe()}
         probes = [_outcome_probe(scenario, faulted)]
         probes += [
-            ProbeResult(p.probe, p.describe(), observations.get(p.probe), p.holds(observations.get(p.probe)))
+            ProbeResult(
+                p.probe,
+                p.describe(),
+                observations.get(p.probe),
+                p.holds(observations.get(p.probe)),
+                details.get(p.probe, ""),
+            )
             for p in scenario.probes
         ]
         result.probes = probes

@@ -40,12 +40,15 @@ class FaultFiring:
 
 @dataclass(frozen=True, slots=True)
 class ProbeResult:
-    """One probe: observed against expected (``describe()`` of the tolerance) and whether it held."""
+    """One probe: observed against expected (``describe()`` of the tolerance), whether it held, and
+    for some probes a ``detail`` (``identical_to_baseline``: where the runs first differ)."""
 
     probe: str
     expected: str
     observed: Any
     held: bool
+    detail: str = ""
+    """Where the observation comes from, when a value alone does not say (the first difference)."""
 
 
 @dataclass(frozen=True, slots=True)

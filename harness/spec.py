@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "MAX_DELAY_S",
     "PROBES",
     "BatchSpec",
     "ConnectionTargeting",
@@ -26,8 +27,16 @@ __all__ = [
 ]
 
 
+MAX_DELAY_S = 3600.0
+"""The longest delay or latency a fault may add: a run of the suite is minutes, so more is a typo (a
+``hang`` is the fault that never returns)."""
+
+Seconds = Annotated[float, Field(gt=0, le=MAX_DELAY_S)]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and infinity are refused everywhere: a tolerance of NaN never holds, an infinite delay never ends.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Targeting(_Model):
@@ -48,10 +57,35 @@ class Targeting(_Model):
 
 
 class ConnectionTargeting(_Model):
-    """Which TCP connections through the fault proxy a network fault hits (0-based, in accept order)."""
+    """Which requests (or TCP connections) through the fault proxy a network fault hits.
 
+    By default a network fault targets HTTP requests, by the rollout each one serves: the client names
+    it in the ``x-gym-resilience-rollout`` header (the bundled tool env and ``OpenAIEngine`` do), so
+    ``rollouts``, ``turns`` and ``attempts`` hit the same requests on every run, whatever the timing.
+    ``probability`` draws per (rollout, attempt, turn). A request without the header is hit only by a
+    fault with none of these filters. ``nth_connection`` instead counts TCP connections in accept order
+    (0-based): that order changes with scheduling, so it is only deterministic for a client that
+    connects in a fixed order; it cannot be combined with the rollout filters.
+    """
+
+    rollouts: list[Annotated[int, Field(ge=0)]] | None = None
+    turns: list[Annotated[int, Field(ge=0)]] | None = None
+    attempts: list[Annotated[int, Field(ge=0)]] | None = None
     nth_connection: list[Annotated[int, Field(ge=0)]] | None = None
     probability: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+    @model_validator(mode="after")
+    def _connections_or_requests(self) -> ConnectionTargeting:
+        if self.nth_connection is not None and self.by_request_identity:
+            raise ValueError(
+                "nth_connection counts connections; it cannot be combined with rollouts, turns or attempts"
+            )
+        return self
+
+    @property
+    def by_request_identity(self) -> bool:
+        """Whether the targeting names rollouts, turns or attempts."""
+        return any(f is not None for f in (self.rollouts, self.turns, self.attempts))
 
 
 class EnvFault(_Model):
@@ -64,7 +98,7 @@ class EnvFault(_Model):
     method: Literal["reset", "step", "close"] = "step"
     exception: str = "RuntimeError"
     message: str = "injected fault"
-    delay_s: Annotated[float, Field(gt=0)] = 0.5
+    delay_s: Seconds = 0.5
     when: Targeting = Targeting()
 
 
@@ -78,7 +112,7 @@ class EngineFault(_Model):
     kind: Literal["raise", "delay", "abort", "kill"]
     exception: str = "RuntimeError"
     message: str = "injected fault"
-    delay_s: Annotated[float, Field(gt=0)] = 0.5
+    delay_s: Seconds = 0.5
     server: Annotated[int, Field(ge=0)] = 0
     after_requests: Annotated[int, Field(ge=0)] = 0
     when: Targeting = Targeting()
@@ -95,7 +129,7 @@ class NetworkFault(_Model):
     kind: Literal["latency", "reset_peer", "timeout"]
     link: Literal["engine", "tool"]
     endpoint: Annotated[int, Field(ge=0)] | None = None
-    latency_s: Annotated[float, Field(gt=0)] = 0.05
+    latency_s: Seconds = 0.05
     when: ConnectionTargeting = ConnectionTargeting()
 
 
@@ -139,9 +173,15 @@ PROBES: dict[str, str] = {
     "failed": "rollouts that failed (placeholders stand in for them)",
     "placeholders": "placeholder trajectories in the faulted batch",
     "envs_unclosed": "envs created but never closed, over both runs",
-    "identical_to_baseline": "every successful trajectory equals the fault-free run's, token for token",
+    "identical_to_baseline": (
+        "every successful trajectory equals the fault-free run's, token for token (up to numerical ties)"
+    ),
     "error_type": "the type name of the error the faulted run raised (none: it completed)",
-    "wall_time_ratio": "faulted run's wall time / fault-free run's",
+    "wall_time_ratio": "faulted run's wall time / fault-free run's (machine load moves it: see the docs)",
+    "wall_over_injected_latency": (
+        "faulted run's wall time / the most network latency injected into one rollout (>= 1: it was applied)"
+    ),
+    "numerical_ties": "successful trajectories that left the baseline at a numerical tie of two tokens",
     "retries": "rollout retries in the faulted run",
     "retries_succeeded": "retried rollouts that then succeeded",
     "failovers": "requests a served engine moved to another endpoint",
@@ -160,7 +200,7 @@ class Probe(_Model):
     ``is`` (true / false).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
     probe: str
     eq: int | float | str | bool | None = None

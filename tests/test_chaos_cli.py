@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import configparser
 import json
+import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -15,7 +21,8 @@ from harness.reports import comparable_journal, load_journal
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
-INVALID = sorted((Path(__file__).parent / "invalid_scenarios").glob("*.yaml"))
+INVALID_DIR = Path(__file__).parent / "invalid_scenarios"
+INVALID = sorted(INVALID_DIR.glob("*.yaml"))
 
 IMPOSSIBLE = """
 title: A probe that cannot hold
@@ -54,53 +61,82 @@ def test_the_gpu_tox_env_runs_the_same_suite_with_the_cuda_package_and_device() 
     tox.read(ROOT / "tox.ini")
     cpu, gpu = tox["testenv:scenarios"], tox["testenv:scenarios-gpu"]
     assert gpu["extras"].split() == ["test", "vllm"]
-    same_suite = (
-        cpu["commands"].replace("--device cpu", "--device cuda").replace("{/}chaos{/}", "{/}chaos-gpu{/}")
-    )
+    assert "--out {work_dir}{/}chaos" in cpu["commands"]
+    same_suite = cpu["commands"].replace("--device cpu", "--device cuda").replace("{/}chaos", "{/}chaos-gpu")
     assert gpu["commands"] == same_suite
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'vllm = ["vllm"]' in pyproject
 
 
 @pytest.mark.slow
-def test_a_deviating_scenario_exits_1_and_the_journal_shows_observed_against_expected(tmp_path: Path) -> None:
+def test_a_deviating_scenario_exits_1_and_the_journal_shows_observed_against_expected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     scenario = tmp_path / "scenarios" / "impossible.yaml"
     scenario.parent.mkdir()
     scenario.write_text(IMPOSSIBLE)
     journal = tmp_path / "journal.json"
     junit = tmp_path / "junit.xml"
-    assert main(["chaos", "run", str(scenario), "--journal", str(journal), "--junit", str(junit)]) == 1
+    runs = tmp_path / "runs"
+    argv = [
+        "chaos",
+        "run",
+        str(scenario),
+        "--journal",
+        str(journal),
+        "--junit",
+        str(junit),
+        "--out",
+        str(runs),
+    ]
+    assert main(argv) == 1
     data = json.loads(journal.read_text())
     assert data["status"] == "deviated"
     probes = {p["probe"]: p for p in data["scenarios"][0]["probes"]}
-    assert probes["placeholders"] == {
-        "probe": "placeholders",
-        "expected": "== 3",
-        "observed": 1,
-        "held": False,
-    }
+    placeholders = probes["placeholders"]
+    assert (placeholders["expected"], placeholders["observed"], placeholders["held"]) == ("== 3", 1, False)
     assert probes["envs_unclosed"]["held"] is True
     assert 'failures="1"' in junit.read_text()
+    # The timelines, not overridden, went to the run's own folder; the overridden reports are listed.
+    (folder,) = runs.iterdir()
+    assert [p.name for p in folder.iterdir()] == ["plots"]
+    assert [p.name for p in (folder / "plots").iterdir()] == ["impossible.png"]
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-3:] == [f"reports: {folder}", f"journal: {journal}", f"JUnit XML: {junit}"]
+    assert "gym-resilience: starting vLLM on cpu" in err
+
+
+def run_folder(out: str) -> Path:
+    """The run folder a ``chaos run`` printed."""
+    (line,) = [line for line in out.splitlines() if line.startswith("reports: ")]
+    return Path(line.removeprefix("reports: "))
 
 
 @pytest.mark.slow
-def test_two_runs_give_the_same_journal_apart_from_timings_and_record_replays_the_failures(
-    tmp_path: Path,
+def test_two_runs_keep_their_own_reports_with_the_same_journal_and_record_replays_the_failures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "scenarios"
     folder.mkdir()
     for name in ("01_placeholders_keep_the_batch.yaml", "20_random_failures.yaml"):
         shutil.copy(SCENARIOS / name, folder / name)
-    first, second = tmp_path / "first.json", tmp_path / "second.json"
-    assert (
-        main(["chaos", "run", str(folder), "--journal", str(first), "--plots", str(tmp_path / "plots")]) == 0
+    runs = tmp_path / "runs"
+    assert main(["chaos", "run", str(folder), "--out", str(runs)]) == 0
+    first_run = run_folder(capsys.readouterr().out)
+    assert main(["chaos", "run", str(folder), "--out", str(runs)]) == 0
+    second_run = run_folder(capsys.readouterr().out)
+    assert first_run != second_run
+    assert sorted(runs.iterdir()) == sorted([first_run, second_run])
+    for run in (first_run, second_run):
+        assert sorted(p.name for p in run.iterdir()) == ["journal.json", "junit.xml", "plots"]
+        assert sorted(p.name for p in (run / "plots").iterdir()) == [
+            "01_placeholders_keep_the_batch.png",
+            "20_random_failures.png",
+        ]
+    first = first_run / "journal.json"
+    assert comparable_journal(load_journal(first)) == comparable_journal(
+        load_journal(second_run / "journal.json")
     )
-    assert main(["chaos", "run", str(folder), "--journal", str(second)]) == 0
-    assert comparable_journal(load_journal(first)) == comparable_journal(load_journal(second))
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "01_placeholders_keep_the_batch.png",
-        "20_random_failures.png",
-    ]
 
     recorded = tmp_path / "replay" / "recorded.yaml"
     recorded.parent.mkdir()
@@ -108,7 +144,7 @@ def test_two_runs_give_the_same_journal_apart_from_timings_and_record_replays_th
     spec = yaml.safe_load(recorded.read_text())
     assert all("probability" not in fault["when"] for fault in spec["faults"])
     replayed = tmp_path / "replayed.json"
-    assert main(["chaos", "run", str(recorded), "--journal", str(replayed)]) == 0
+    assert main(["chaos", "run", str(recorded), "--journal", str(replayed), "--out", str(runs)]) == 0
 
     def failed_rollouts(journal: Path, title_prefix: str) -> list[tuple[int, str | None]]:
         result = next(
@@ -119,6 +155,56 @@ def test_two_runs_give_the_same_journal_apart_from_timings_and_record_replays_th
     original = failed_rollouts(first, "Seeded random")
     assert original, "the random scenario must fail some rollouts for the round trip to mean anything"
     assert failed_rollouts(replayed, "Replay of") == original
+
+
+QUICK = """
+title: Quick and fault-free
+batch: {env: word_game, tasks: 2}
+runner: {max_turns: 1, max_tokens: 4}
+probes:
+  - {probe: envs_unclosed, eq: 0}
+"""
+
+ENDLESS = """
+title: Every generation waits an hour
+batch: {env: word_game, tasks: 2}
+runner: {max_turns: 1, max_tokens: 4}
+faults:
+  - {target: engine, kind: delay, delay_s: 3600}
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_exits_130_and_the_journal_keeps_the_scenarios_that_finished(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "a_quick.yaml").write_text(QUICK)
+    (folder / "b_endless.yaml").write_text(ENDLESS)
+    command = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "chaos",
+        "run",
+        str(folder),
+        "--out",
+        str(tmp_path / "runs"),
+    ]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    for line in process.stderr:  # the progress view writes a line per finished scenario
+        if " 1/2 " in line and "a_quick.yaml" in line:
+            break
+    process.send_signal(signal.SIGINT)  # during the hour-long generation of the second scenario
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 130
+    assert "gym-resilience: interrupted after 1 of 2 scenarios; saving what finished" in err
+    assert "Traceback" not in err
+    journal = json.loads((run_folder(out) / "journal.json").read_text())
+    assert [Path(result["file"]).name for result in journal["scenarios"]] == ["a_quick.yaml"]
+    assert (run_folder(out) / "junit.xml").exists()
 
 
 def test_record_refuses_a_journal_with_no_fired_faults() -> None:
@@ -139,3 +225,127 @@ def test_pytest_collects_every_scenario_file_as_one_item() -> None:
     ).stdout.splitlines()
     items = [line for line in listed if line.startswith("scenarios/")]
     assert sorted(items) == sorted(f"scenarios/{p.name}::{p.stem}" for p in SCENARIOS.glob("*.yaml"))
+
+
+# --- input and output checks before anything runs ---------------------------------------------------------
+
+
+def valid_scenario(tmp_path: Path) -> Path:
+    scenario = tmp_path / "valid.yaml"
+    scenario.write_text(IMPOSSIBLE)
+    return scenario
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (["--journal", "{folder}"], "--journal {folder}: is a folder; give a file name"),
+        (["--junit", "{file}/junit.xml"], "--junit {file}/junit.xml: {file} is a file, not a folder"),
+        (["--plots", "{file}"], "--plots {file}: {file} is a file, not a folder"),
+        (["--out", "{file}/runs"], "--out {file}/runs: {file} is a file, not a folder"),
+        (["--journal", "{fifo}"], "--journal {fifo}: exists and is not a regular file"),
+        (
+            ["--journal", "{tmp}/same", "--junit", "{tmp}/./same"],
+            "--journal and --junit both name {tmp}/same",
+        ),
+    ],
+)
+def test_an_unusable_output_path_exits_2_with_one_line_before_vllm_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], problem: str
+) -> None:
+    places = {"tmp": tmp_path, "folder": tmp_path / "a-folder", "file": tmp_path / "a-file"}
+    places["fifo"] = tmp_path / "a-fifo"
+    places["folder"].mkdir()
+    places["file"].write_text("a regular file")
+    os.mkfifo(places["fifo"])
+    runs = tmp_path / "runs"
+    argv = ["chaos", "run", str(valid_scenario(tmp_path)), "--out", str(runs)]
+    argv += [option.format(**places) for option in options]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == f"gym-resilience: {problem.format(**places)}"
+    assert "starting vLLM" not in err
+    assert "Traceback" not in out + err
+    assert not runs.exists() or "--out" in options  # a refused run leaves no run folder behind
+
+
+def test_validate_checks_every_file_and_reports_each_invalid_one_on_its_own_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for module in ("exits_on_import.py", "interrupts_on_import.py"):
+        shutil.copy(INVALID_DIR / module, tmp_path / module)
+    shutil.copy(INVALID_DIR / "pipeline_exits_on_import.yaml", tmp_path / "a.yaml")
+    shutil.copy(INVALID_DIR / "pipeline_interrupts_on_import.yaml", tmp_path / "b.yaml")
+    (tmp_path / "c.yaml").write_text("title: t\nfualts: []\n")
+    valid = valid_scenario(tmp_path)
+    assert main(["chaos", "validate", str(tmp_path), str(tmp_path / "missing.yaml")]) == 2
+    out, err = capsys.readouterr()
+    assert out == f"{valid}: valid (A probe that cannot hold)\n"
+    assert err.splitlines() == [
+        f"invalid scenario: {tmp_path / 'missing.yaml'}: no such file or directory",
+        f"invalid scenario: {tmp_path / 'a.yaml'}:2 at pipeline: importing module 'exits_on_import' raised "
+        "SystemExit: exits_on_import refuses to be imported",
+        f"invalid scenario: {tmp_path / 'b.yaml'}:2 at pipeline: importing module 'interrupts_on_import' "
+        "raised KeyboardInterrupt",
+        f"invalid scenario: {tmp_path / 'c.yaml'}:2 at fualts: unknown field 'fualts'; "
+        "did you mean 'faults'?",
+    ]
+
+
+def test_run_refuses_a_suite_with_an_invalid_file_before_vllm_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    valid_scenario(tmp_path)
+    (tmp_path / "z.yaml").write_text("title: t\nfaults:\n  - {target: env, kind: delay, delay_s: .inf}\n")
+    assert main(["chaos", "run", str(tmp_path), "--out", str(tmp_path / "runs")]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        f"invalid scenario: {tmp_path / 'z.yaml'}:3 at faults[0].delay_s: "
+        "expected a finite number, got .inf\n"
+    )
+    assert out == ""
+    assert not (tmp_path / "runs").exists()
+
+
+# --- for people -------------------------------------------------------------------------------------------
+
+
+def test_help_is_written_for_users_and_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    assert "Chaos scenarios for RL rollout pipelines" in top
+    assert "the only place the harness prints" not in top
+    assert main(["chaos", "run", "--help"]) == 0
+    run_help = capsys.readouterr().out
+    for text in ("--out DIR", "--verbose", "OUT/<UTC time>-<id>/", "exit codes:", "130  interrupted"):
+        assert text in run_help
+
+
+def test_version_prints_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"gym-resilience {metadata.version('gym-resilience')}\n"
+
+
+def test_a_bad_argument_exits_2_with_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["chaos", "run"]) == 2
+    assert "the following arguments are required: PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("chosen", "verbose", "level"),
+    [(None, False, "WARNING"), (None, True, "INFO"), ("DEBUG", False, "DEBUG"), ("ERROR", True, "ERROR")],
+)
+def test_vllm_logs_only_warnings_unless_verbose_and_a_level_the_user_chose_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str | None, verbose: bool, level: str
+) -> None:
+    if chosen is None:
+        monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_LOGGING_LEVEL", chosen)
+    vllm_logger = logging.getLogger("vllm")
+    monkeypatch.setattr(vllm_logger, "level", vllm_logger.level)  # restored after the test
+    argv = ["chaos", "run", str(tmp_path / "missing.yaml"), "--out", str(tmp_path), *(["-v"] * verbose)]
+    assert main(argv) == 2
+    assert os.environ["VLLM_LOGGING_LEVEL"] == level
+    if chosen is None:
+        assert vllm_logger.level == logging.getLevelName(level)

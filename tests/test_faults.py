@@ -168,7 +168,9 @@ def test_a_raise_fault_needing_keyword_arguments_is_rejected_when_the_plan_is_bu
         make_plan(tmp_path, env_fault(), env_fault(exception="EnvStepError"))
     assert info.value.option == "faults[1].exception"
     assert str(info.value).startswith(
-        "faults[1].exception: EnvStepError cannot be raised from a message alone (TypeError: "
+        "faults[1].exception: EnvStepError cannot be raised from a message alone; name an exception class "
+        "whose constructor takes one message, such as RuntimeError, ConnectionResetError or EnvError: "
+        "TypeError: "
     )
 
 

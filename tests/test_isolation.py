@@ -318,7 +318,7 @@ def test_an_exception_in_the_worker_step_arrives_as_env_step_error_with_the_orig
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("e2e4")
-    assert str(caught.value) == "env step failed at turn 0 (action='e2e4')"
+    assert str(caught.value) == "env step failed at turn 0 (action='e2e4'): ValueError: bad move 'e2e4'"
     cause = caught.value.__cause__
     assert type(cause) is ValueError
     assert str(cause) == "bad move 'e2e4'"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
+import http.server
 import socket
 import socketserver
 import threading
@@ -16,9 +18,10 @@ import pytest
 from gym_resilience import BatchRunner, EnvStepError, RunnerConfig, validate_batch_output
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.envs import ToolServer, ToolUseEnv
+from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, format_rollout_header
 from gym_resilience.task_gen import ToolEnvFactory, generate_tasks
-from harness.faults import FaultPlan, connection_fires
-from harness.proxy import FaultProxy
+from harness.faults import FaultPlan, connection_fires, request_fires
+from harness.proxy import FaultProxy, parse_request_head
 from harness.spec import ConnectionTargeting, NetworkFault
 
 
@@ -213,7 +216,7 @@ def test_the_first_fault_whose_targeting_picks_a_connection_applies_alone(
 
 
 def test_connection_probability_replays_with_the_seed_and_changes_with_another() -> None:
-    when = ConnectionTargeting(probability=0.5)
+    when = ConnectionTargeting(nth_connection=list(range(200)), probability=0.5)
 
     def decisions(seed: int) -> list[bool]:
         return [connection_fires(when, seed=seed, fault_index=2, connection=n) for n in range(200)]
@@ -227,6 +230,129 @@ def test_connection_probability_replays_with_the_seed_and_changes_with_another()
         True,
         False,
     ]
+
+
+def test_request_probability_is_keyed_by_rollout_attempt_and_turn_not_by_order() -> None:
+    when = ConnectionTargeting(probability=0.5)
+    identities = [RolloutIdentity(rollout, 0, turn) for rollout in range(50) for turn in range(4)]
+
+    def decisions(seed: int, order: list[RolloutIdentity]) -> dict[RolloutIdentity, bool]:
+        return {i: request_fires(when, seed=seed, fault_index=2, identity=i) for i in order}
+
+    assert decisions(3, identities) == decisions(3, identities[::-1])
+    assert decisions(3, identities) != decisions(4, identities)
+    assert 60 < sum(decisions(3, identities).values()) < 140
+    # A request that names no rollout is never drawn for: which such requests come is timing.
+    assert not request_fires(when, seed=3, fault_index=2, identity=None)
+
+
+@pytest.mark.parametrize(
+    ("when", "hit"),
+    [
+        ({}, [True, True, True, True]),
+        ({"rollouts": [1]}, [False, True, False, False]),
+        ({"turns": [0]}, [True, False, False, False]),
+        ({"rollouts": [1], "attempts": [1]}, [False, False, False, False]),
+        ({"nth_connection": [0]}, [False, False, False, False]),
+    ],
+)
+def test_request_targeting_matches_the_rollout_header_and_a_request_without_one_only_when_untargeted(
+    when: dict[str, Any], hit: list[bool]
+) -> None:
+    targeting = ConnectionTargeting(**when)
+    requests = [RolloutIdentity(0, 0, 0), RolloutIdentity(1, 0, None), RolloutIdentity(2, 0, 1), None]
+    fires = [request_fires(targeting, seed=0, fault_index=0, identity=r) for r in requests]
+    assert fires == [*hit[:3], not targeting.by_request_identity and "nth_connection" not in when]
+
+
+def test_nth_connection_cannot_be_combined_with_rollout_filters() -> None:
+    with pytest.raises(ValueError, match="nth_connection counts connections"):
+        ConnectionTargeting(nth_connection=[0], rollouts=[1])
+
+
+def test_a_request_head_is_parsed_for_framing_and_rollout_and_anything_else_is_not_a_request() -> None:
+    head = (
+        b"POST /calculate HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n"
+        b"X-Gym-Resilience-Rollout: rollout=3; attempt=1; turn=2\r\n\r\n"
+    )
+    request = parse_request_head(head)
+    assert request is not None
+    assert (request.method, request.path, request.content_length, request.chunked) == (
+        "POST",
+        "/calculate",
+        12,
+        False,
+    )
+    assert request.identity == RolloutIdentity(3, 1, 2)
+    assert parse_request_head(b"GET /health HTTP/1.1\r\n\r\n").identity is None  # type: ignore[union-attr]
+    assert parse_request_head(b"\x16\x03\x01 tls hello\r\n\r\n") is None
+    assert parse_request_head(b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n") is None
+
+
+class _KeepAlive(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps the connection open between requests
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_faults_hit_the_targeted_rollouts_requests_on_a_keep_alive_connection() -> None:
+    """Three requests share one connection; only the one that names rollout 1, turn 0 is reset."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    fault = network_fault("reset_peer", rollouts=[1], turns=[0])
+    try:
+        with FaultProxy(("127.0.0.1", server.server_address[1]), [(7, fault)]) as proxy:
+            connection = http.client.HTTPConnection(*proxy.address, timeout=5)
+            answers = []
+            for rollout, turn in ((0, 0), (1, 1), (1, 0)):
+                header = format_rollout_header(RolloutIdentity(rollout, 0, turn))
+                body = f"rollout {rollout} turn {turn}".encode()
+                try:
+                    connection.request("POST", "/echo", body=body, headers={ROLLOUT_HEADER: header})
+                    answers.append(connection.getresponse().read())
+                except ConnectionResetError:
+                    answers.append(b"reset")
+            connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert answers == [b"rollout 0 turn 0", b"rollout 1 turn 1", b"reset"]
+    assert proxy.connections == 1
+    assert [(f.fault, f.rollout, f.attempt, f.turn, f.detail) for f in proxy.firings] == [
+        (7, 1, 0, 0, "tool POST /echo: reset")
+    ]
+
+
+def test_the_tool_env_names_its_rollout_so_a_network_fault_hits_the_same_step_every_time(
+    tool_server: ToolServer,
+) -> None:
+    fault = network_fault("reset_peer", rollouts=[2], turns=[1])
+    with FaultProxy(tool_server.url, [(0, fault)]) as proxy:
+        outcomes = []
+        for rollout in range(4):
+            env = ToolUseEnv(proxy.url, target=1000)
+            env.reset(seed=0, options={"rollout_index": rollout, "attempt": 0})
+            steps = []
+            for _ in range(2):
+                try:
+                    env.step("1 + 1")
+                    steps.append("ok")
+                except ConnectionError:
+                    steps.append("reset")
+            outcomes.append(steps)
+            env.close()
+    assert outcomes == [["ok", "ok"], ["ok", "ok"], ["ok", "reset"], ["ok", "ok"]]
+    assert [(f.rollout, f.attempt, f.turn) for f in proxy.firings] == [(2, 0, 1)]
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def test_an_exception_in_reset_closes_the_inner_env_before_the_typed_error_propa
         env.reset()
     assert caught.value.__cause__ is cause
     assert caught.value.attempts == 1
-    assert str(caught.value) == "env reset failed"
+    assert str(caught.value) == "env reset failed: RuntimeError: reset exploded"
     assert inner.close_calls == 1
     env.close()
     assert inner.close_calls == 1
@@ -97,7 +97,7 @@ def test_step_error_names_the_turn_since_the_last_reset_and_the_action() -> None
         env.step("go north")
     assert caught.value.turn == 1
     assert caught.value.action_repr == "'go north'"
-    assert str(caught.value) == "env step failed at turn 1 (action='go north')"
+    assert str(caught.value) == "env step failed at turn 1 (action='go north'): ConnectionError: blip"
 
 
 def test_step_error_truncates_a_long_action_repr() -> None:
@@ -281,7 +281,7 @@ def test_close_raising_alone_raises_env_close_error_with_the_cause() -> None:
     with pytest.raises(EnvCloseError) as caught:
         env.close()
     assert caught.value.__cause__ is cause
-    assert str(caught.value) == "env close failed"
+    assert str(caught.value) == "env close failed: OSError: socket already gone"
     assert env.close_error is caught.value
     assert env.closed
     env.close()  # the env counts as closed: no second attempt, no second error
@@ -441,7 +441,7 @@ def test_reset_that_keeps_failing_raises_env_reset_error_after_all_attempts() ->
     with pytest.raises(EnvResetError) as caught:
         env.reset()
     assert caught.value.attempts == 3
-    assert str(caught.value) == "env reset failed after 3 attempts"
+    assert str(caught.value) == "env reset failed after 3 attempts: ConnectionError: refused 2"
     assert caught.value.__cause__ is errors[-1]
     assert inner.reset_calls == 3
     assert len(slept) == 2

@@ -315,7 +315,9 @@ async def test_more_failures_than_the_budget_raise_with_every_failure_attached()
     with pytest.raises(FailureBudgetExceededError) as info:
         await run(config, EnvLedger(), fail_on({"t0", "t3", "t5"}, turn=0), n=8)
     assert len(info.value.exceptions) == 3 and info.value.total == 8
-    assert str(info.value) == "3 of 8 rollouts failed, over the budget of 25%"
+    assert str(info.value) == (
+        "3 of 8 rollouts failed, over the budget of 25%: ValueError: injected step failure in t0 at turn 0"
+    )
     within = await run(config, EnvLedger(), fail_on({"t0", "t3"}, turn=0), n=8)
     assert len(within.failures) == 2
 

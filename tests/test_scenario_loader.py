@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import pytest
 from gym_resilience import EnvStepError, RetryPolicy, RunnerConfig, ScenarioError
 from gym_resilience.errors import EngineDeadError
 from harness.loader import (
+    MAX_SCENARIO_BYTES,
     load_scenario,
     load_scenarios,
     parse_scenario,
@@ -41,6 +43,10 @@ README = Path(__file__).parent.parent / "scenarios" / "README.md"
 
 # Every file in invalid_scenarios/ and the exact message after its path: a file without an entry fails.
 EXPECTED_ERRORS = {
+    "billion_laughs.yaml": ":8: the YAML holds more than 20000 values (aliases expanded)",
+    "delay_beyond_an_hour.yaml": (
+        ":5 at faults[0].delay_s: expected a number > 0 and <= 3600, got 1000000000.0"
+    ),
     "duplicate_field.yaml": ":7 at faults: duplicate field 'faults' (first given on line 3)",
     "empty.yaml": ": the file is empty; expected a mapping of scenario fields (title, faults, probes, ...)",
     "expect_raises_without_error.yaml": (
@@ -52,6 +58,13 @@ EXPECTED_ERRORS = {
         "runner.env_step_timeout_s set: only a deadline that kills the env's process stops a hung call, "
         "and without one the run would hang"
     ),
+    "huge_integer.yaml": (
+        ":2 at seed: integer 123456789012345678901234567890 is out of range: integers in a scenario fit "
+        "in 64 bits"
+    ),
+    "infinite_delay.yaml": ":5 at faults[0].delay_s: expected a finite number, got .inf",
+    "infinite_latency.yaml": ":7 at faults[0].latency_s: expected a finite number, got .inf",
+    "infinite_runner_timeout.yaml": ":4 at runner.env_step_timeout_s: expected a finite number, got .inf",
     "kill_server_out_of_range.yaml": (
         ":9 at faults[0].server: server 2 does not exist: engine.servers is 2 (servers are numbered from 0)"
     ),
@@ -59,12 +72,25 @@ EXPECTED_ERRORS = {
         ":7 at faults[0].kind: a kill fault needs a served engine (engine.kind: served): it SIGKILLs a "
         "vllm serve process, and engine.kind is 'vllm'"
     ),
+    "malformed_date.yaml": (
+        ":1 at title: cannot read '2024-13-01' as a date: month must be in 1..12; quote it to make it "
+        "a string"
+    ),
     "missing_fault_target.yaml": (
         ":4 at faults[0].target: missing required field 'target'; expected one of 'env', 'engine', 'network'"
     ),
     "missing_title.yaml": ":2 at title: missing required field 'title'",
+    "nan_tolerance.yaml": ":4 at probes[1].range[1]: expected a finite number, got .nan",
+    "nested_too_deeply.yaml": ":2: the YAML nests deeper than 32 levels (aliases expanded)",
     "no_tolerance.yaml": (
         ":4 at probes[0]: probe 'envs_unclosed' needs exactly one tolerance of eq, lte, gte, range, is; got 0"
+    ),
+    "pipeline_exits_on_import.yaml": (
+        ":2 at pipeline: importing module 'exits_on_import' raised SystemExit: exits_on_import refuses "
+        "to be imported"
+    ),
+    "pipeline_interrupts_on_import.yaml": (
+        ":2 at pipeline: importing module 'interrupts_on_import' raised KeyboardInterrupt"
     ),
     "pipeline_not_importable.yaml": (
         ":3 at pipeline: cannot import module 'no_such_package.rollouts': No module named 'no_such_package'"
@@ -72,6 +98,7 @@ EXPECTED_ERRORS = {
     "range_low_above_high.yaml": (
         ":4 at probes[0]: range must be [low, high] with low <= high, got [3.0, 1.0]"
     ),
+    "recursive_alias.yaml": ":2: alias *loop is inside the node it names, so it would expand forever",
     "retry_on_base_exception.yaml": (
         ":7 at runner.retry.retry_on[1]: 'KeyboardInterrupt' cannot be retried: retry_on takes Exception "
         "subclasses, and cancellation and KeyboardInterrupt always propagate"
@@ -109,8 +136,8 @@ EXPECTED_ERRORS = {
     "unknown_probe.yaml": (
         ":6 at probes[1]: unknown probe 'envs_leaked'; expected one of batch_size, envs_unclosed, "
         "error_type, failed, failovers, faults_fired, identical_to_baseline, logprobs_per_token, "
-        "masked_groups, placeholders, retries, retries_succeeded, token_level_rewards, validator_passes, "
-        "wall_time_ratio, or metrics.<key>"
+        "masked_groups, numerical_ties, placeholders, retries, retries_succeeded, token_level_rewards, "
+        "validator_passes, wall_over_injected_latency, wall_time_ratio, or metrics.<key>"
     ),
     "unknown_runner_option.yaml": (
         ":4 at runner.max_turn: unknown field 'max_turn'; did you mean 'max_turns'?"
@@ -316,7 +343,7 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
         ),
         (
             "title: t\nfaults:\n  - target: env\n    kind: delay\n    delay_s: 0\n",
-            "s.yaml:5 at faults[0].delay_s: expected a number > 0, got 0",
+            "s.yaml:5 at faults[0].delay_s: expected a number > 0 and <= 3600, got 0",
         ),
         (
             "title: t\nfaults:\n  - target: env\n    kind: raise\n    when: {rollouts: [0, -1]}\n",
@@ -360,8 +387,9 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
             (
                 "s.yaml:3 at probes[0]: unknown probe 'metrics.'; expected one of batch_size, "
                 "envs_unclosed, error_type, failed, failovers, faults_fired, identical_to_baseline, "
-                "logprobs_per_token, masked_groups, placeholders, retries, retries_succeeded, "
-                "token_level_rewards, validator_passes, wall_time_ratio, or metrics.<key>"
+                "logprobs_per_token, masked_groups, numerical_ties, placeholders, retries, "
+                "retries_succeeded, token_level_rewards, validator_passes, wall_over_injected_latency, "
+                "wall_time_ratio, or metrics.<key>"
             ),
         ),
         (
@@ -758,6 +786,136 @@ def test_load_scenario_reports_a_missing_file_and_bytes_that_are_not_utf8(tmp_pa
     with pytest.raises(ScenarioError) as caught:
         load_scenario(binary)
     assert str(caught.value) == f"{binary}:2: not UTF-8 text (byte 0xff)"
+
+
+# --- inputs that can never work, and inputs built to exhaust the loader -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "title: t\nprobes:\n  - {probe: failed, eq: .nan}\n",
+            "s.yaml:3 at probes[0].eq: expected a finite number, got .nan",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: failed, lte: .nan}\n",
+            "s.yaml:3 at probes[0].lte: expected a finite number, got .nan",
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: failed, gte: -.inf}\n",
+            "s.yaml:3 at probes[0].gte: expected a finite number, got -.inf",
+        ),
+        (
+            "title: t\nrunner:\n  retry: {max_delay_s: .nan}\n",
+            "s.yaml:3 at runner.retry.max_delay_s: expected a finite number, got .nan",
+        ),
+        (
+            "title: t\nrunner:\n  generation_timeout_s: .inf\n",
+            "s.yaml:3 at runner.generation_timeout_s: expected a finite number, got .inf",
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: delay, delay_s: 3600.5}\n",
+            "s.yaml:3 at faults[0].delay_s: expected a number > 0 and <= 3600, got 3600.5",
+        ),
+        (
+            "title: t\nseed: -9223372036854775809\n",
+            (
+                "s.yaml:2 at seed: integer -9223372036854775809 is out of range: integers in a scenario "
+                "fit in 64 bits"
+            ),
+        ),
+        (
+            "title: t\nbatch:\n  seed: " + "7" * 5000 + "\n",
+            (
+                "s.yaml:3 at batch.seed: integer 77777777777777777777... (5000 characters) is out of range: "
+                "integers in a scenario fit in 64 bits"
+            ),
+        ),
+        (
+            "title: !!bool maybe\n",
+            "s.yaml:1 at title: cannot read 'maybe' as true or false; quote it to make it a string",
+        ),
+        (
+            "title: t\ntags: &a [x, {y: *a}]\n",
+            "s.yaml:2: alias *a is inside the node it names, so it would expand forever",
+        ),
+        (
+            "title: t\ntags: [" + ", ".join(["x"] * 20_001) + "]\n",
+            "s.yaml:2: the YAML holds more than 20000 values (aliases expanded)",
+        ),
+        (
+            "title: t\nrunner:\n" + "".join(f"  {'  ' * level}k{level}:\n" for level in range(40)),
+            "s.yaml:33: the YAML nests deeper than 32 levels (aliases expanded)",
+        ),
+    ],
+)
+def test_values_that_cannot_work_or_would_exhaust_the_loader_are_refused_at_their_line(
+    text: str, message: str
+) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(text, file="s.yaml")
+    assert str(caught.value) == message
+
+
+def test_the_bounds_themselves_are_valid_values() -> None:
+    scenario = parse_scenario(
+        "title: t\nseed: 9223372036854775807\nbatch: {seed: -9223372036854775808}\n"
+        "faults:\n  - {target: env, kind: delay, delay_s: 3600}\n",
+        file="s.yaml",
+    )
+    assert scenario.seed == 2**63 - 1
+    assert scenario.faults == [EnvFault(target="env", kind="delay", delay_s=3600.0)]
+
+
+def test_an_alias_used_many_times_within_the_value_limit_loads() -> None:
+    text = "title: t\nfaults:\n  - &flaky {target: env, kind: raise, when: {rollouts: [0]}}\n"
+    text += "  - *flaky\n" * 49
+    faults = parse_scenario(text, file="s.yaml").faults
+    assert len(faults) == 50
+    assert faults[49] == EnvFault(target="env", kind="raise", when=Targeting(rollouts=[0]))
+
+
+def test_a_user_exception_module_that_exits_on_import_is_that_fields_error() -> None:
+    text = "title: t\nexpect: {outcome: raises, error: 'exits_on_import:Refused'}\n"
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(text, file="s.yaml", folder=INVALID_DIR)
+    assert str(caught.value) == (
+        "s.yaml:2 at expect.error: importing module 'exits_on_import' for exception "
+        "'exits_on_import:Refused' raised SystemExit: exits_on_import refuses to be imported"
+    )
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "scenario.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(fifo)
+    assert str(caught.value) == f"{fifo}: is a FIFO, not a regular file; give a scenario file"
+
+
+def test_a_device_that_never_ends_is_refused_without_reading_it() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario("/dev/zero")
+    assert str(caught.value) == "/dev/zero: is a device, not a regular file; give a scenario file"
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("title: t\n" + "#" * MAX_SCENARIO_BYTES)
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(big)
+    assert str(caught.value) == (
+        f"{big}: the file is 262,153 bytes; a scenario file is at most 262,144 bytes (256 KiB)"
+    )
+    big.write_bytes(b"title: t\n".ljust(MAX_SCENARIO_BYTES, b" "))
+    assert load_scenario(big).title == "t"
+
+
+def test_a_directory_given_as_a_scenario_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(tmp_path)
+    assert str(caught.value) == f"{tmp_path}: is a directory, not a scenario file"
 
 
 # --- the README -------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +43,7 @@ from gym_resilience.errors import (
     EngineError,
     EngineRequestError,
     UnsupportedConfigError,
+    describe_exception,
 )
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampl
         echoed = choice.get("prompt_token_ids")
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise EngineError(
-            f"the server's completion has no token ids ({type(exc).__name__}: {exc}); "
+            "the server's completion has no token ids; "
             "OpenAIEngine needs a vLLM server that supports return_token_ids"
         ) from exc
     if echoed is not None and list(echoed) != list(prompt_ids):
@@ -259,11 +260,6 @@ def choose_endpoint(
     return min(eligible, key=lambda index: in_flight[index])
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def _error_message(response: httpx.Response) -> str:
     try:
         detail = response.json()["error"]["message"]
@@ -283,14 +279,18 @@ class OpenAIEngine:
         tokenizer_dir: the model folder whose tokenizer the servers use; loaded locally, as
             ``VLLMEngine`` loads it, so the runner builds prompts without a round trip.
         model: the served model name to ask for; None lets each server use its only model.
-        request_timeout_s: the longest wait for a server's answer to one attempt (a non-streaming
-            completion answers only when done); past it the endpoint counts as failed. None: no limit.
+        request_timeout_s: the deadline of one attempt, connect to last byte of the answer (a
+            non-streaming completion answers only when done), however the server paces its bytes;
+            past it the endpoint counts as failed. None: no limit.
         connect_timeout_s: the longest wait to connect; a refused connection fails at once.
         health_interval_s: how often endpoints out of rotation are probed (``GET /health``); None
             probes them only when no endpoint is left for a request.
-        health_timeout_s: the longest wait for one health probe.
+        health_timeout_s: the deadline of one health probe, connect to last byte.
         extra_body: fields added to every completion request (any vLLM sampling parameter, e.g.
             ``{"top_k": 20}`` or ``{"ignore_eos": True}``); they override the engine's own.
+        headers: called for each completion request, in the caller's context; the HTTP headers it
+            returns go with that request (``gym_resilience.rollout_headers`` names the rollout, so a
+            fault proxy can target it; or tracing and auth headers).
         transport: an ``httpx`` transport to send through instead of the network (tests).
 
     Use it as ``async with OpenAIEngine(...) as engine:``; starting probes every endpoint once (one
@@ -310,6 +310,7 @@ class OpenAIEngine:
         health_interval_s: float | None = 2.0,
         health_timeout_s: float = 2.0,
         extra_body: Mapping[str, Any] | None = None,
+        headers: Callable[[], Mapping[str, str]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if isinstance(base_urls, str):
@@ -331,6 +332,7 @@ class OpenAIEngine:
         self._health_interval_s = health_interval_s
         self._health_timeout_s = health_timeout_s
         self._extra_body = dict(extra_body or {})
+        self._headers = headers
         self._transport = transport
         self._tokenizer: Tokenizer | None = None
         self._state = EngineState.NEW
@@ -358,7 +360,9 @@ class OpenAIEngine:
             raise DependencyNotInstalledError(package="httpx", extra=_INSTALL_HINT) from exc
         self._client = httpx.AsyncClient(
             transport=self._transport,
-            timeout=httpx.Timeout(self._request_timeout_s, connect=self._connect_timeout_s, pool=None),
+            # Reads and writes are bounded by the deadline on the whole request (_whole_request), not one
+            # by one: a timer per read would race it and only blur which one fired.
+            timeout=httpx.Timeout(None, connect=self._connect_timeout_s),
             # One connection per concurrent request: a rollout batch is hundreds at most.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
@@ -467,8 +471,10 @@ class OpenAIEngine:
         endpoint.requests += 1
         endpoint.in_flight += 1
         try:
-            with _map_http_errors():
-                response = await client.post(f"{endpoint.url}/v1/completions", json=body)
+            async with _whole_request(self._request_timeout_s):
+                with _map_http_errors():
+                    headers = dict(self._headers()) if self._headers is not None else None
+                    response = await client.post(f"{endpoint.url}/v1/completions", json=body, headers=headers)
         except asyncio.CancelledError:
             endpoint.cancelled += 1
             raise
@@ -532,9 +538,13 @@ class OpenAIEngine:
 
         async def probe(endpoint: _Endpoint) -> None:
             try:
-                response = await client.get(f"{endpoint.url}/health", timeout=self._health_timeout_s)
+                async with _whole_request(self._health_timeout_s):
+                    response = await client.get(f"{endpoint.url}/health")
+            except _EndpointFailure as failure:
+                endpoint.mark_down(f"health check: {failure.description}")
+                return
             except Exception as exc:
-                endpoint.mark_down(f"health check: {_describe(exc)}")
+                endpoint.mark_down(f"health check: {describe_exception(exc)}")
                 return
             if response.status_code == 200:
                 endpoint.mark_up()
@@ -551,6 +561,22 @@ class OpenAIEngine:
                 await self._probe(down)
 
 
+@contextlib.asynccontextmanager
+async def _whole_request(timeout_s: float | None) -> AsyncIterator[None]:
+    """A deadline on the whole exchange (connect, headers and body) that fails the endpoint past it.
+
+    httpx's timeouts are per socket operation: a server that sends a byte now and then would hold a
+    request for as long as it kept sending.
+    """
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            yield
+    except TimeoutError as exc:
+        if not deadline.expired():
+            raise
+        raise _EndpointFailure(f"no complete answer within {timeout_s:g} s") from exc
+
+
 @contextlib.contextmanager
 def _map_http_errors() -> Iterator[None]:
     """Translate httpx's transport errors into an endpoint failure, at this one boundary."""
@@ -559,4 +585,4 @@ def _map_http_errors() -> Iterator[None]:
     try:
         yield
     except httpx.TransportError as exc:
-        raise _EndpointFailure(_describe(exc)) from exc
+        raise _EndpointFailure(describe_exception(exc)) from exc

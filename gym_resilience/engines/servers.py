@@ -26,8 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +44,13 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Server-only defaults on top of VLLMEngine's arguments. "vllm" sampling defaults, not the model's
 # generation_config.json: the server then samples exactly as VLLMEngine does for the same Sampling.
 _SERVER_DEFAULTS: dict[str, Any] = {"generation_config": "vllm", "disable_uvicorn_access_log": True}
+
+_PROBE_S = 2.0
+"""The deadline of one ``/health`` probe, connect to last byte."""
+_MIN_PROBE_S = 0.05
+"""The shortest probe a wait still makes once its own deadline is about up."""
+_MAX_ANSWER = 64 * 1024
+"""More bytes than this is not an answer to ``/health``."""
 
 
 class _State(enum.Enum):
@@ -264,7 +269,7 @@ class VLLMServer:
                 )
         except OSError as exc:
             self._remove_rpc_dir()
-            raise EngineError(f"could not start the vLLM server at {self.url}: {exc}") from exc
+            raise EngineError(f"could not start the vLLM server at {self.url}") from exc
         self._state = _State.RUNNING
         self._started_at = time.monotonic()
         return self
@@ -346,13 +351,9 @@ class VLLMServer:
 
     # -- health ------------------------------------------------------------------------------------
 
-    def is_healthy(self, timeout_s: float = 2.0) -> bool:
-        """One ``GET /health``: True if it answered 200."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as response:
-                return int(response.status) == 200
-        except (OSError, urllib.error.URLError):
-            return False
+    def is_healthy(self, timeout_s: float = _PROBE_S) -> bool:
+        """One ``GET /health`` within ``timeout_s``, connect to last byte: True if it answered 200."""
+        return _status(self.host, self.port, "/health", timeout_s) == 200
 
     def _check_alive(self) -> None:
         process = self._process
@@ -382,7 +383,7 @@ class VLLMServer:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             self._check_alive()
-            if self.is_healthy():
+            if self.is_healthy(_probe_s(deadline)):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise self._timed_out()
@@ -393,11 +394,48 @@ class VLLMServer:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             self._check_alive()
-            if await asyncio.to_thread(self.is_healthy):
+            if await asyncio.to_thread(self.is_healthy, _probe_s(deadline)):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise self._timed_out()
             await asyncio.sleep(poll_s)
+
+
+def _probe_s(deadline: float | None) -> float:
+    """One probe's deadline: ``_PROBE_S``, cut short so that it never ends past the wait's own."""
+    if deadline is None:
+        return _PROBE_S
+    return min(_PROBE_S, max(deadline - time.monotonic(), _MIN_PROBE_S))
+
+
+def _status(host: str, port: int, path: str, timeout_s: float) -> int | None:
+    """The status code of ``GET path`` once the whole answer arrived within ``timeout_s``, else None.
+
+    A raw socket rather than urllib: urllib times each read, so a server that sends its answer a byte
+    at a time would hold the probe for as long as it kept sending.
+    """
+    deadline = time.monotonic() + timeout_s
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+    received = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(max(deadline - time.monotonic(), _MIN_PROBE_S))
+            sock.sendall(request)
+            while len(received) <= _MAX_ANSWER:  # the server closes the connection after its answer
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                sock.settimeout(left)
+                chunk = sock.recv(_MAX_ANSWER)
+                if not chunk:
+                    break
+                received += chunk
+    except OSError:  # refused, reset, or a read past the deadline (TimeoutError)
+        return None
+    words = received.split(b"\r\n", 1)[0].split()
+    if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
+        return None
+    return int(words[1])
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

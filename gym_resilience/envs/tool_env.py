@@ -28,6 +28,8 @@ from gym_resilience.envs.word_game import (
     reply_space,
     task_from_options,
 )
+from gym_resilience.errors import describe_exception
+from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, format_rollout_header
 from gym_resilience.tasks import ChatMessage
 
 __all__ = ["FORMAT_REWARD", "SOLVED_REWARD", "ToolUseEnv", "extract_expression"]
@@ -99,6 +101,8 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
         self._target = 0
         self._max_turns = max_turns
         self._turn = 0
+        self._rollout: int | None = None
+        self._attempt: int | None = None
         # Started last, so that no invalid argument can leave a private server running.
         self._own_server = ToolServer().start() if tool_url is None else None
         self.tool_url: str = self._own_server.url if self._own_server is not None else str(tool_url)
@@ -119,7 +123,9 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
         target = kwargs.get("target", self._default_target)
         if target is None:
             question, target = self._draw_question()
-        tools = self._request("GET", "/tools")
+        self._rollout = _option_int(options, "rollout_index")
+        self._attempt = _option_int(options, "attempt")
+        tools = self._request("GET", "/tools", turn=None)
         if not isinstance(tools, list):
             raise ValueError(f"GET /tools answered {tools!r:.80}, expected a JSON list")
         self._target = int(target)
@@ -136,7 +142,7 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
         if not isinstance(action, str):
             raise TypeError(f"the action must be a str, got {type(action).__name__}")
         expression = extract_expression(action)
-        answer = self._request("POST", "/calculate", {"expression": expression})
+        answer = self._request("POST", "/calculate", {"expression": expression}, turn=self._turn)
         if not isinstance(answer, dict):
             raise ValueError(f"POST /calculate answered {answer!r:.80}, expected a JSON object")
         self._turn += 1
@@ -156,10 +162,19 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
         if self._own_server is not None:
             self._own_server.stop()
 
-    def _request(self, method: str, path: str, payload: Any = None) -> Any:
-        """One HTTP exchange on a fresh connection; failures keep (or get) a standard network type."""
+    def _request(self, method: str, path: str, payload: Any = None, *, turn: int | None) -> Any:
+        """One HTTP exchange on a fresh connection; failures keep (or get) a standard network type.
+
+        It names its rollout, attempt and turn in the ``x-gym-resilience-rollout`` header, so a fault
+        proxy can hit the same calls on every run.
+        """
         body = None if payload is None else json.dumps(payload).encode()
-        headers = {"Connection": "close", "Accept": "application/json"}
+        identity = RolloutIdentity(self._rollout, self._attempt, turn)
+        headers = {
+            "Connection": "close",
+            "Accept": "application/json",
+            ROLLOUT_HEADER: format_rollout_header(identity),
+        }
         if body is not None:
             headers["Content-Type"] = "application/json"
         where = f"{self.tool_url}{path}"
@@ -172,7 +187,9 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
             raise  # already ConnectionError / TimeoutError / OSError (RemoteDisconnected included)
         except http.client.HTTPException as exc:
             # IncompleteRead, BadStatusLine, ...: the exchange was cut or garbled on the way.
-            raise ConnectionError(f"{method} {where}: the HTTP exchange broke: {exc!r}") from exc
+            raise ConnectionError(
+                f"{method} {where}: the HTTP exchange broke: {describe_exception(exc)}"
+            ) from exc
         finally:
             connection.close()
         if status >= 500:
@@ -196,6 +213,11 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
             {"role": "system", "content": "You can use a calculator: write an arithmetic expression."},
             {"role": "user", "content": f"{ask} Use the calculator."},
         ]
+
+
+def _option_int(options: dict[str, Any] | None, key: str) -> int | None:
+    value = (options or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _with_tools(prompt: Sequence[ChatMessage], tools_json: str) -> list[ChatMessage]:

@@ -8,8 +8,10 @@ equal comparable journals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -24,11 +26,11 @@ from harness.results import (
     TurnSpan,
 )
 
-__all__ = ["comparable_journal", "journal_from_json", "load_journal", "write_journal"]
+__all__ = ["comparable_journal", "journal_from_json", "load_journal", "write_atomically", "write_journal"]
 
 STATUSES = get_args(Status)
 
-MEASURED_PROBES = frozenset({"wall_time_ratio"})
+MEASURED_PROBES = frozenset({"wall_time_ratio", "wall_over_injected_latency"})
 """Probes whose observed value is a measurement: it differs between runs, only ``held`` must not."""
 
 
@@ -39,12 +41,33 @@ def write_journal(journal: RunJournal, path: str | os.PathLike[str]) -> Path:
     rather than half of a new one. An observed value JSON cannot hold (a numpy scalar, a set) is
     written as the nearest JSON value rather than losing the whole journal at the end of a run.
     """
+    text = json.dumps(journal.to_json(), indent=2, sort_keys=True, default=_to_json_value) + "\n"
+    return write_atomically(path, text.encode("utf-8"))
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Writes ``data`` to ``path`` in one step and returns the path; missing parent folders are created.
+
+    The bytes go to a new temporary file in the same folder, which then replaces ``path``: a reader sees
+    the old file or the new one, never half of one, whether the run is interrupted, the disk fills up,
+    or two runs write the same report at once.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(journal.to_json(), indent=2, sort_keys=True, default=_to_json_value) + "\n"
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    # O_EXCL: never write through a file or link that is already there; 0o666: the umask decides, as
+    # for any file the user creates.
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
     return path
 
 

@@ -13,6 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from harness.reports.journal import write_atomically
 from harness.reports.text import deviation_line, firing_line
 from harness.results import RunJournal, ScenarioResult
 
@@ -53,11 +54,9 @@ def junit_tree(journal: RunJournal) -> ET.Element:
 
 
 def write_junit(journal: RunJournal, path: str | os.PathLike[str]) -> Path:
-    """Writes the JUnit XML of ``journal`` (UTF-8, with an XML declaration) to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(junit_tree(journal)).write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    """Writes the JUnit XML of ``journal`` (UTF-8, with an XML declaration) to ``path``, in one step (see
+    ``write_atomically``)."""
+    return write_atomically(path, ET.tostring(junit_tree(journal), encoding="utf-8", xml_declaration=True))
 
 
 def _testcase(result: ScenarioResult) -> ET.Element:

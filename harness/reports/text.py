@@ -36,7 +36,8 @@ def format_value(value: Any) -> str:
 
 def deviation_line(probe: ProbeResult) -> str:
     """``probe placeholders: observed 3, expected <= 1``."""
-    return f"probe {probe.probe}: observed {format_value(probe.observed)}, expected {probe.expected}"
+    line = f"probe {probe.probe}: observed {format_value(probe.observed)}, expected {probe.expected}"
+    return f"{line} ({probe.detail})" if probe.detail else line
 
 
 def firing_line(firing: FaultFiring) -> str:

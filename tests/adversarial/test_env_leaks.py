@@ -1,0 +1,206 @@
+"""No env outlives its batch: a rollout that gives up while its env is being built still gets it closed.
+
+The envs here arrive after their rollout gave up: a factory waits on an event that the test sets only once
+``generate()`` has raised or returned, so the env is built by a thread nobody waits for any more. Isolated
+envs are built in real worker processes, some of which never finish building. ``no_leaks`` (tests/leaks.py)
+checks that envs, threads, file descriptors and child processes are back where they started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import threading
+from collections.abc import Callable
+
+import pytest
+from doubles import tasks
+from leaks import SETTLE_S, EnvCounts, counting_factory, eventually, no_leaks, wait_until, worker_processes
+from slow_envs import build_unless_stuck
+from worker_envs import hang_for_one_task
+
+from gym_resilience import (
+    BatchRunner,
+    EnvTimeoutError,
+    ResilientEnv,
+    RolloutTimeoutError,
+    RunnerConfig,
+    Task,
+    UnsupportedConfigError,
+)
+from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.errors import EnvClosedError
+from gym_resilience.isolation import IsolatedEnv, StartAbort
+from gym_resilience.testing import ScriptableEnv
+
+pytestmark = pytest.mark.slow
+
+Factory = Callable[[Task], ScriptableEnv]
+
+GIVE_UP_S = 0.2
+"""close_timeout_s and rollout_timeout_s here: far shorter than the factories below take."""
+
+
+def gated_factory(counts: EnvCounts, gate: threading.Event, slow: set[str] | None = None) -> Factory:
+    """Envs that are built only once ``gate`` is set (for the tasks in ``slow``; all when None)."""
+
+    def delay(task: Task) -> None:
+        if slow is None or task.instance_id in slow:
+            gate.wait(SETTLE_S)
+
+    return counting_factory(counts, delay=delay)
+
+
+def late_notes(error: BaseException) -> list[str]:
+    return [note for note in getattr(error, "__notes__", []) if "still being built" in note]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server_started() -> None:
+    """The fork server is started once per program and stays: start it before any leak snapshot."""
+    ResilientEnv(functools.partial(build_unless_stuck, tasks(1)[0]), isolate=True).close()
+
+
+def stuck_tasks(n: int, stuck: set[int], how: str = "stuck_building") -> list[Task]:
+    return [
+        Task(
+            prompt=[{"role": "user", "content": f"task {i}"}],
+            instance_id=f"t{i}",
+            env_kwargs={how: i in stuck},
+        )
+        for i in range(n)
+    ]
+
+
+async def test_cancelling_generate_while_envs_are_built_closes_each_env_when_it_arrives() -> None:
+    counts, gate = EnvCounts(), threading.Event()
+    config = RunnerConfig(close_timeout_s=GIVE_UP_S)
+    runner = BatchRunner(ScriptedEngine(), gated_factory(counts, gate), config)
+    with no_leaks(counts):
+        batch = asyncio.create_task(runner.generate(tasks(3)))
+        assert await eventually(lambda: counts.building == 3)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError) as info:
+            await batch
+        assert counts.created == 0
+        assert late_notes(info.value) == [
+            "3 envs were still being built or closed when the batch stopped waiting for them "
+            f"(close_timeout_s={GIVE_UP_S:g}): the thread of each closes it when its call returns"
+        ]
+        gate.set()
+    assert counts.created == counts.closed == 3
+
+
+async def test_a_rollout_timeout_while_envs_are_built_counts_them_and_closes_each_when_it_arrives() -> None:
+    counts, gate = EnvCounts(), threading.Event()
+    config = RunnerConfig(skip_failed_rollouts=True, rollout_timeout_s=GIVE_UP_S, close_timeout_s=GIVE_UP_S)
+    runner = BatchRunner(ScriptedEngine(), gated_factory(counts, gate, slow={"t0", "t2"}), config)
+    with no_leaks(counts):
+        result = await runner.generate(tasks(4))
+        assert [failure.rollout_index for failure in result.failures] == [0, 2]
+        for failure in result.failures:
+            assert isinstance(failure.exception, RolloutTimeoutError)
+            assert len(late_notes(failure.exception)) == 1
+        assert result.metrics["envs_closed_late"] == 2.0
+        assert (counts.created, counts.closed) == (2, 2)
+        gate.set()
+    assert counts.created == counts.closed == 4
+
+
+async def test_a_rollout_timeout_while_envs_are_built_without_skipping_says_so_on_the_raised_error() -> None:
+    counts, gate = EnvCounts(), threading.Event()
+    config = RunnerConfig(rollout_timeout_s=GIVE_UP_S, close_timeout_s=GIVE_UP_S)
+    runner = BatchRunner(ScriptedEngine(), gated_factory(counts, gate, slow={"t1"}), config)
+    with no_leaks(counts):
+        with pytest.raises(RolloutTimeoutError) as info:
+            await runner.generate(tasks(3))
+        assert info.value.rollout_index == 1
+        assert any("1 env was still being built or closed" in note for note in late_notes(info.value))
+        gate.set()
+    assert counts.created == counts.closed == 3
+
+
+async def test_a_batch_that_finishes_its_creations_in_time_reports_no_late_envs() -> None:
+    counts = EnvCounts()
+    runner = BatchRunner(ScriptedEngine(), counting_factory(counts), RunnerConfig(skip_failed_rollouts=True))
+    with no_leaks(counts):
+        result = await runner.generate(tasks(4))
+    assert result.metrics["envs_closed_late"] == 0.0
+    assert counts.created == counts.closed == 4
+
+
+async def test_cancelling_generate_while_isolated_envs_are_built_kills_their_workers() -> None:
+    config = RunnerConfig(isolate_envs=True, close_timeout_s=GIVE_UP_S)
+    runner = BatchRunner(ScriptedEngine(), build_unless_stuck, config)
+    with no_leaks():
+        batch = asyncio.create_task(runner.generate(stuck_tasks(3, stuck={0, 1, 2})))
+        assert await eventually(lambda: len(worker_processes()) == 3)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(batch, SETTLE_S)
+        assert worker_processes() == set()
+
+
+async def test_an_isolated_factory_that_never_returns_is_killed_at_the_create_deadline() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, env_create_timeout_s=1.0)
+    runner = BatchRunner(ScriptedEngine(), build_unless_stuck, config)
+    with no_leaks():
+        # A liveness guard, not a speed check: without the deadline this batch would never finish.
+        result = await asyncio.wait_for(runner.generate(stuck_tasks(3, stuck={1})), SETTLE_S)
+        assert [trajectory.is_placeholder for trajectory in result.trajectories] == [False, True, False]
+        error = result.failures[0].exception
+        assert isinstance(error, EnvTimeoutError)
+        assert str(error) == "env start exceeded its 1 s deadline"
+        assert worker_processes() == set()
+
+
+async def test_an_isolated_factory_that_never_returns_is_killed_at_the_rollout_deadline() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, rollout_timeout_s=1.0)
+    runner = BatchRunner(ScriptedEngine(), build_unless_stuck, config)
+    with no_leaks():
+        result = await asyncio.wait_for(runner.generate(stuck_tasks(3, stuck={0})), SETTLE_S)
+        assert isinstance(result.failures[0].exception, RolloutTimeoutError)
+        assert result.metrics["envs_closed_late"] == 0.0
+        assert worker_processes() == set()
+
+
+async def test_an_isolated_step_stuck_without_a_step_deadline_is_killed_when_its_rollout_times_out() -> None:
+    config = RunnerConfig(
+        skip_failed_rollouts=True, isolate_envs=True, rollout_timeout_s=1.0, close_timeout_s=GIVE_UP_S
+    )
+    runner = BatchRunner(ScriptedEngine(), hang_for_one_task, config)
+    with no_leaks():
+        result = await asyncio.wait_for(runner.generate(stuck_tasks(3, stuck={2}, how="hang")), SETTLE_S)
+        failure = result.failures[0]
+        assert isinstance(failure.exception, RolloutTimeoutError) and failure.phase == "step"
+    assert worker_processes() == set()
+
+
+def test_an_env_create_deadline_needs_isolation_at_construction() -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"^env_create_timeout_s: needs isolate_envs=True"):
+        RunnerConfig(env_create_timeout_s=1.0)
+
+
+def test_an_infinite_close_timeout_is_rejected_at_construction() -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"^close_timeout_s: must be a finite number of seconds"):
+        RunnerConfig(close_timeout_s=math.inf)
+
+
+def test_aborting_an_isolated_start_from_another_thread_kills_the_worker_and_raises_env_closed() -> None:
+    abort = StartAbort()
+    stuck = functools.partial(build_unless_stuck, stuck_tasks(1, stuck={0})[0])
+    with no_leaks():
+        killer = threading.Thread(target=lambda: (wait_until(worker_processes), abort.abort()))
+        killer.start()
+        with pytest.raises(EnvClosedError, match=r"^cannot start: the env is closed$"):
+            IsolatedEnv(stuck, abort=abort)
+        killer.join(SETTLE_S)
+        assert worker_processes() == set()
+
+
+def test_an_isolated_start_aborted_before_it_began_leaves_no_worker() -> None:
+    abort = StartAbort()
+    abort.abort()
+    with no_leaks(), pytest.raises(EnvClosedError):
+        IsolatedEnv(functools.partial(build_unless_stuck, stuck_tasks(1, stuck=set())[0]), abort=abort)

@@ -1,0 +1,3 @@
+"""A user's pipeline module that raises KeyboardInterrupt while it is imported."""
+
+raise KeyboardInterrupt
