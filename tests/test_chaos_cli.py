@@ -182,16 +182,8 @@ def test_ctrl_c_during_a_run_exits_130_and_the_journal_keeps_the_scenarios_that_
     folder.mkdir()
     (folder / "a_quick.yaml").write_text(QUICK)
     (folder / "b_endless.yaml").write_text(ENDLESS)
-    command = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "chaos",
-        "run",
-        str(folder),
-        "--out",
-        str(tmp_path / "runs"),
-    ]
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "harness.cli", "chaos", "run", str(folder), "--out", str(runs)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     for line in process.stderr:  # the progress view writes a line per finished scenario
@@ -213,9 +205,6 @@ def test_record_refuses_a_journal_with_no_fired_faults() -> None:
 
 
 def test_pytest_collects_every_scenario_file_as_one_item() -> None:
-    import subprocess
-    import sys
-
     listed = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(SCENARIOS)],
         capture_output=True,

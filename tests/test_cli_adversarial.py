@@ -275,7 +275,8 @@ SPEC = {
     "faults": [
         {"target": "env", "kind": "raise", "exception": "ConnectionError", "when": {"probability": 0.5}},
         {"target": "engine", "kind": "kill", "server": 1, "after_requests": 3},
-        {"target": "network", "kind": "reset_peer", "link": "engine", "when": {"nth_connection": [0]}},
+        {"target": "network", "kind": "reset_peer", "link": "engine", "when": {"probability": 0.5}},
+        {"target": "env", "kind": "delay", "when": {"rollouts": [0]}},
     ],
     "probes": [{"probe": "batch_size", "eq": 4}],
 }
@@ -302,6 +303,7 @@ def journal_with(firings: list[dict[str, Any]], spec: Any = None) -> dict[str, A
 def test_record_targets_each_firing_and_keeps_faults_that_hit_no_rollout_as_they_were(tmp_path: Path) -> None:
     journal = tmp_path / "journal.json"
     firings = [firing(0, 1, 0, 1), firing(0, 3, 0, None), firing(0, 1, 0, 1), firing(1, None, None, None)]
+    firings.append(firing(2, 2, 0, 0))  # the delay (fault 3) never fired: the replay leaves it out
     journal.write_text(json.dumps(journal_with(firings)))
     output = tmp_path / "recorded.yaml"
     outcome = cli("chaos", "record", str(journal), "-o", str(output))
@@ -321,8 +323,13 @@ def test_record_targets_each_firing_and_keeps_faults_that_hit_no_rollout_as_they
             "exception": "ConnectionError",
             "when": {"rollouts": [3], "attempts": [0]},
         },
+        {
+            "target": "network",
+            "kind": "reset_peer",
+            "link": "engine",
+            "when": {"rollouts": [2], "attempts": [0], "turns": [0]},
+        },
         {"target": "engine", "kind": "kill", "server": 1, "after_requests": 3},
-        {"target": "network", "kind": "reset_peer", "link": "engine", "when": {"nth_connection": [0]}},
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.json", "recorded.yaml"]
 
@@ -351,7 +358,7 @@ def test_record_targets_each_firing_and_keeps_faults_that_hit_no_rollout_as_they
         (
             journal_with([firing(7, 1, 0, 0)]),
             "not a chaos journal: scenarios[0].firings[0].fault: fault 7 does not exist: the spec has "
-            "3 faults",
+            "4 faults",
         ),
         (
             journal_with([firing(0, 1, 0, 0)], spec={"faults": []}),

@@ -102,3 +102,30 @@ def test_placeholders_are_not_compared_and_a_missing_batch_is_no_verdict() -> No
     placeholder.is_placeholder = True
     assert compare_outputs(batch(base_row()), batch(placeholder)).identical is True
     assert compare_outputs(None, batch(base_row())).identical is None
+
+
+def test_a_deviation_names_its_first_difference_in_the_terminal_line_the_junit_message_and_the_picture(
+    tmp_path,
+) -> None:
+    from harness.reports import deviation_line, plot_timeline
+    from harness.reports.junit import junit_tree
+    from harness.results import ProbeResult, RolloutSpan, RunJournal, ScenarioResult, TurnSpan
+
+    changed = base_row(1)
+    changed.response_ids[5] = 77
+    changed.rollout_logprobs[5] = -3.0  # type: ignore[index]
+    comparison = compare_outputs(batch(base_row(0), base_row(1)), batch(base_row(0), changed))
+    probe = ProbeResult("identical_to_baseline", "is true", False, False, comparison.describe())
+    where = "first difference at rollout 1, turn 1, token 5 (response_ids): baseline 13, faulted 77"
+    assert deviation_line(probe) == f"probe identical_to_baseline: observed false, expected is true ({where})"
+    result = ScenarioResult(
+        file="scenarios/x.yaml",
+        title="x",
+        status="deviated",
+        probes=[probe],
+        rollouts=[RolloutSpan(0, [TurnSpan("generate", 0, 0, 0.0, 0.5, False)])],
+    )
+    failure = junit_tree(RunJournal(device="cpu", scenarios=[result])).find(".//failure")
+    assert failure is not None
+    assert where in failure.get("message", "")
+    assert plot_timeline(result, tmp_path / "x.png").stat().st_size > 0
