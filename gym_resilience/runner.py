@@ -27,7 +27,14 @@ from gym_resilience.errors import (
     RolloutTimeoutError,
     UnsupportedConfigError,
 )
-from gym_resilience.metrics import batch_metrics
+from gym_resilience.metrics import (
+    batch_metrics,
+    generate_metrics,
+    log_batch_summary,
+    log_failed_rollout,
+    log_retry,
+    reward_metrics,
+)
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.tasks import Task
@@ -113,7 +120,9 @@ class BatchRunner:
         Raises:
             AllRolloutsFailedError: every rollout failed (``__cause__`` is the first failure).
             Exception: without ``skip_failed_rollouts``, the first rollout's failure, unchanged.
-            KeyboardInterrupt, asyncio.CancelledError: propagate after every env is closed.
+            KeyboardInterrupt, asyncio.CancelledError: propagate after every env is closed, or, past
+                ``close_timeout_s``, left to the thread still building or closing it, which closes it
+                when its call returns (a note on the error gives the count; docs/deadlines.md).
         """
         jobs = self._jobs(tasks)
         if self._codec is None:
@@ -142,8 +151,13 @@ class BatchRunner:
             logprobs=self.config.logprobs,
             step_wise=self.config.step_wise,
         )
-        output = build_batch_output(trajectories, rollout_metrics=metrics)
+        output = build_batch_output(trajectories)
+        # As in SkyRL: its generator's generate/* metrics before post-processing, its trainer's after.
+        metrics.update(generate_metrics(output))
         post_process(output, self.config)
+        metrics.update(reward_metrics(output))
+        output.rollout_metrics = dict(metrics)
+        log_batch_summary(metrics)
         return BatchResult(trajectories=trajectories, output=output, metrics=metrics, failures=failures)
 
     async def _supervise(
@@ -234,7 +248,7 @@ class BatchRunner:
         except Exception as exc:
             if not self.config.skip_failed_rollouts:
                 raise
-            return FailedRollout(
+            failure = FailedRollout(
                 exception=exc,
                 rollout_index=job.index,
                 trajectory_id=job.trajectory_id,
@@ -243,6 +257,8 @@ class BatchRunner:
                 elapsed_s=time.perf_counter() - first_start,
                 attempts=attempts.get(job.index, 1),
             )
+            log_failed_rollout(failure)
+            return failure
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -254,6 +270,7 @@ class BatchRunner:
 
         def count(state: tenacity.RetryCallState) -> None:
             attempts[job.index] = state.attempt_number + 1
+            log_retry(job.index, job.trajectory_id, state)
 
         return policy.async_retrying(before_sleep=count)
 
