@@ -8,8 +8,8 @@ the wire is exactly what is written here:
   then the body one byte every ``interval_s``;
 - ``trickle="headers"``: the response head itself one byte every ``interval_s``.
 
-Requests whose path is not in ``slow_paths`` get a quick ``200 {}``, so one server can, say, pass its
-``/health`` probe and trickle its completions.
+Requests whose path is not in ``slow_paths`` get a quick ``200`` with ``quick_body`` (``{}``), so
+one server can, say, pass its ``/health`` probe and trickle its completions.
 
     with SlowLorisServer(trickle="body", slow_paths={"/v1/completions"}) as server:
         ...  # server.url, server.requests
@@ -32,9 +32,15 @@ class SlowLorisServer:
     """Serves every connection in its own thread; ``close()`` stops them all and joins them (bounded)."""
 
     def __init__(
-        self, *, trickle: Trickle, slow_paths: set[str] | None = None, interval_s: float = 0.4
+        self,
+        *,
+        trickle: Trickle,
+        slow_paths: set[str] | None = None,
+        interval_s: float = 0.4,
+        quick_body: bytes = b"{}",
     ) -> None:
         self.trickle = trickle
+        self.quick_body = quick_body
         self.slow_paths = slow_paths
         self.interval_s = interval_s
         self.requests: list[str] = []
@@ -75,7 +81,9 @@ class SlowLorisServer:
             self.requests.append(path)
             head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
             if self.slow_paths is not None and path not in self.slow_paths:
-                connection.sendall(head + b"Content-Length: 2\r\n\r\n{}")
+                connection.sendall(
+                    head + b"Content-Length: %d\r\n\r\n" % len(self.quick_body) + self.quick_body
+                )
                 return
             head += b"Content-Length: %d\r\n\r\n" % len(_BODY)
             if self.trickle == "body":

@@ -10,9 +10,12 @@ and a failed call leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
+import socket
+import threading
 from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -179,18 +182,31 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
             headers["Content-Type"] = "application/json"
         where = f"{self.tool_url}{path}"
         connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        watchdog = None
         try:
+            connection.connect()
+            # The socket timeout bounds the connect and each read; the watchdog bounds the whole
+            # exchange, so a server that trickles its answer cannot hold the step past ``timeout``.
+            # It holds the socket itself: http.client drops its own reference once the answer is
+            # known to end with the connection.
+            watchdog = _Watchdog(connection.sock, self._timeout)
             connection.request(method, self._prefix + path, body=body, headers=headers)
             response = connection.getresponse()
             status, data = response.status, response.read()
-        except OSError:
-            raise  # already ConnectionError / TimeoutError / OSError (RemoteDisconnected included)
-        except http.client.HTTPException as exc:
+        except (OSError, http.client.HTTPException) as exc:
+            if watchdog is not None and watchdog.fired:
+                raise TimeoutError(
+                    f"{method} {where}: no complete answer within {self._timeout:g} s"
+                ) from exc
+            if isinstance(exc, OSError):
+                raise  # already ConnectionError / TimeoutError / OSError (RemoteDisconnected included)
             # IncompleteRead, BadStatusLine, ...: the exchange was cut or garbled on the way.
             raise ConnectionError(
                 f"{method} {where}: the HTTP exchange broke: {describe_exception(exc)}"
             ) from exc
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             connection.close()
         if status >= 500:
             raise ConnectionError(f"{method} {where}: the tool server answered {status}")
@@ -213,6 +229,28 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
             {"role": "system", "content": "You can use a calculator: write an arithmetic expression."},
             {"role": "user", "content": f"{ask} Use the calculator."},
         ]
+
+
+class _Watchdog:
+    """Cuts ``sock`` once ``timeout`` seconds have passed (None: never), so a blocked read returns."""
+
+    def __init__(self, sock: socket.socket, timeout: float | None) -> None:
+        self.fired = False
+        self._sock = sock
+        self._timer = threading.Timer(timeout, self._cut) if timeout is not None else None
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _cut(self) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
 
 
 def _option_int(options: dict[str, Any] | None, key: str) -> int | None:

@@ -102,3 +102,20 @@ async def test_waiting_for_a_server_whose_health_answer_trickles_ends_at_the_wai
                 await server.wait_healthy(timeout_s=1, poll_s=0.1)
             elapsed = time.monotonic() - start
     assert elapsed < BOUND_S
+
+
+@pytest.mark.parametrize("trickle", ["body", "headers"])
+def test_a_tool_server_that_trickles_its_answer_cannot_hold_a_tool_env_step_past_its_timeout(
+    trickle: str,
+) -> None:
+    from gym_resilience.envs import ToolUseEnv
+
+    slow = SlowLorisServer(trickle=trickle, slow_paths={"/calculate"}, interval_s=0.2, quick_body=b"[]")  # type: ignore[arg-type]
+    with slow as server:
+        env = ToolUseEnv(server.url, target=1, timeout=1.0)
+        env.reset(seed=0)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="no complete answer within 1 s"):
+            env.step("1 + 1")
+        assert time.monotonic() - start < 5.0
+        env.close()
