@@ -26,6 +26,7 @@ from harness.reports import (
     write_junit,
 )
 from harness.results import (
+    EndpointSpan,
     FaultFiring,
     ProbeResult,
     RolloutSpan,
@@ -259,6 +260,30 @@ def test_journal_round_trips_through_its_json_file(tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8").startswith('{\n  "device": "cpu",\n')
 
 
+def test_journal_round_trips_endpoints_baseline_rollouts_and_the_endpoint_a_fault_hit(tmp_path: Path) -> None:
+    journal = make_journal()
+    journal.scenarios[1] = dataclasses.replace(
+        journal.scenarios[1],
+        firings=[dataclasses.replace(journal.scenarios[1].firings[0], endpoint=0)],
+        baseline_rollouts=[RolloutSpan(index, turns(0.02 * index, 2)) for index in range(6)],
+        endpoints=[EndpointSpan(0, down_s=[(0.85, 3.5)], failovers_s=[0.86, 0.9]), EndpointSpan(1)],
+    )
+
+    assert load_journal(write_journal(journal, tmp_path / "journal.json")) == journal
+
+
+def test_comparable_journals_ignore_when_endpoints_were_down_but_not_how_many_there_were() -> None:
+    first = make_journal()
+    first.scenarios[1].endpoints = [EndpointSpan(0, down_s=[(0.85, 3.5)], failovers_s=[0.9]), EndpointSpan(1)]
+    second = retimed(first, 1.0)
+    second.scenarios[1].endpoints = [EndpointSpan(0, down_s=[(1.1, 2.0)], failovers_s=[1.2]), EndpointSpan(1)]
+    third = retimed(first, 1.0)
+    third.scenarios[1].endpoints = [EndpointSpan(0)]
+
+    assert comparable_journal(first) == comparable_journal(second)
+    assert comparable_journal(first) != comparable_journal(third)
+
+
 def test_loading_a_file_that_is_not_a_journal_names_the_file_and_the_field(tmp_path: Path) -> None:
     data = make_journal().to_json()
     del data["scenarios"][1]["probes"][0]["held"]
@@ -388,7 +413,9 @@ def test_timeline_is_a_png_of_sensible_size(tmp_path: Path) -> None:
     width, height = png_size(path)
     pixels = matplotlib.image.imread(path)
 
-    assert (width, height) == (1200, 424)  # 12 x 4.24 inches at 100 dpi: 7 rows of 0.32 inches + titles
+    # 12 x 4.45 inches at 100 dpi: 7 rows of 0.32 inches, an inch of axis, a title line (0.26), three
+    # lines of facts (0.17 each) and two rows of legend (0.22 each).
+    assert (width, height) == (1200, 445)
     assert pixels.shape[:2] == (height, width)
     assert pixels.std() > 0.05  # something was drawn, not a blank canvas
 

@@ -1,11 +1,21 @@
-"""A timeline PNG per scenario: every rollout's engine and env calls in the faulted run, and the faults
-that hit them.
+"""A timeline PNG per scenario: every rollout's engine and env calls in the faulted run, the faults
+that hit them, the fault-free baseline beside them and the served endpoints' rotation.
 
-One row per rollout, time on x. Generation and env calls are bars of two colors (reset and close are
-narrower than step, and darker), a failed call is outlined red, a retry (attempt 1 or later) is hatched
-and lighter, each fault's firings are ``x`` markers on the row of the rollout they hit (engine and
-network faults that hit no one rollout get their own row at the top), and a placeholder rollout's row
-is shaded.
+Rows, top to bottom, time on x:
+
+- one per served endpoint, when the result records them: a thin green line while it is in rotation, a
+  red hatched bar while it is out, a triangle where a request it failed moved to another endpoint;
+- a shared row for fault firings that hit no one rollout and no endpoint row;
+- one per rollout. Generation and env calls are bars of two colors (reset and close are narrower than
+  step, and darker), a failed call is outlined red, a retry (attempt 1 or later) is hatched and
+  lighter, and a placeholder rollout's row is shaded. The baseline run's rollout is a thin grey bar
+  under the faulted one, and a dashed grey line marks where the baseline's batch ended.
+
+Every call and every stretch out of rotation is drawn at least ``MIN_SPAN_FRACTION`` of the time axis
+wide, centred on where it happened, so a 40 µs step next to seconds of generation still shows. Each
+fault's firings are ``x`` markers on the row of the rollout they hit, and on the row of the endpoint
+they hit. The title and the facts under it are wrapped to the figure's width and the legend sits
+below the axes, so neither hides the other at any title length.
 
 matplotlib is imported inside the functions, never at module import: the harness's other reports and
 the command line start without it.
@@ -13,26 +23,44 @@ the command line start without it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from harness.reports.text import deviation_line
-from harness.results import FaultFiring, RunJournal, ScenarioResult, Status, TurnSpan
+from harness.results import (
+    EndpointSpan,
+    FaultFiring,
+    RolloutSpan,
+    RunJournal,
+    ScenarioResult,
+    Status,
+    TurnSpan,
+)
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
+    from matplotlib.backend_bases import RendererBase
     from matplotlib.figure import Figure
     from matplotlib.patheffects import AbstractPathEffect
 
-__all__ = ["plot_timeline", "plot_timelines"]
+__all__ = ["MIN_SPAN_FRACTION", "plot_timeline", "plot_timelines", "timeline_figure"]
+
+MIN_SPAN_FRACTION = 0.005
+"""The narrowest a call or an outage is drawn, as a fraction of the time axis (about 5 pixels)."""
 
 _GENERATE = "#4C72B0"
 _ENV = "#DD8452"
 _ENV_EDGE = "#A0522D"  # reset and close: the env's color, darker, so the legend tells them from step
 _FAILED = "#D62728"
 _PLACEHOLDER = "#D62728"
+_BASELINE = "#A8A8A8"
+_IN_ROTATION = "#2CA02C"
+_OUT_OF_ROTATION = "#D62728"
+_FAILOVER = "#FF7F0E"
 _FIRING_COLORS = ("#111111", "#7B2CBF", "#2CA02C", "#8C564B", "#E377C2", "#17BECF", "#BCBD22")
 _STATUS_COLORS: dict[Status, str] = {
     "held": "#2CA02C",
@@ -42,6 +70,15 @@ _STATUS_COLORS: dict[Status, str] = {
 }
 _SHARED_ROW = "engine/network"
 _DPI = 100
+_WIDTH_IN = 12.0
+_TITLE_SIZE = 13.0
+_FACTS_SIZE = 9.0
+_LEGEND_COLUMNS = 4
+# The facts start at the axes' left edge, after the row labels (at most a tenth of the width).
+_TITLE_WIDTH, _FACTS_WIDTH = 0.94, 0.84
+
+RowKind = Literal["endpoint", "shared", "rollout"]
+RowKey = tuple[RowKind, int | None]
 
 
 def plot_timeline(result: ScenarioResult, path: str | os.PathLike[str]) -> Path:
@@ -50,27 +87,9 @@ def plot_timeline(result: ScenarioResult, path: str | os.PathLike[str]) -> Path:
     A scenario with no recorded rollouts (an invalid file, a harness error before the run) still gets
     a figure, saying so and why.
     """
-    from matplotlib.figure import Figure
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows, row_of = _rows(result)
-    per_row = 0.32 if len(rows) <= 16 else 0.2
-    figure = Figure(figsize=(12.0, max(3.6, 2.0 + per_row * len(rows))), dpi=_DPI, layout="constrained")
-    axes = figure.add_subplot()
-    _titles(figure, axes, result)
-    if rows:
-        end = _draw(axes, result, rows, row_of)
-        _legend(figure, result)
-        axes.set_xlim(0.0, end)
-        axes.set_ylim(len(rows) - 0.5, -0.5)  # row 0 on top
-    else:
-        reason = result.message.strip().splitlines()[0] if result.message.strip() else result.status
-        axes.text(0.5, 0.5, f"no rollouts recorded\n{reason}", ha="center", va="center", wrap=True)
-        axes.set_xticks([])
-        axes.set_yticks([])
-    axes.set_xlabel("seconds since the faulted run started")
-    figure.savefig(path, format="png", dpi=_DPI)
+    timeline_figure(result).savefig(path, format="png", dpi=_DPI)
     return path
 
 
@@ -93,62 +112,264 @@ def plot_timelines(journal: RunJournal, directory: str | os.PathLike[str]) -> li
     return written
 
 
+def timeline_figure(result: ScenarioResult) -> Figure:
+    """The timeline of ``result`` as a matplotlib figure on an Agg canvas, ready to draw or save.
+
+    Its artists carry ids (``Artist.get_gid()``): ``r{index} {kind} turn {turn} attempt {attempt}``
+    for a call, ``baseline r{index}``, ``baseline end``, ``endpoint {index} down``, ``endpoint {index}
+    failovers``, ``fault {fault}`` for all of one fault's markers, and ``legend``.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = _rows(result)
+    figure = Figure(figsize=(_WIDTH_IN, 4.0), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)  # the renderer measures the title to wrap it
+    axes = figure.add_subplot()
+    header_in = _titles(figure, axes, result)
+    legend_rows = 0
+    if rows:
+        last = _last_moment(result)
+        _draw(axes, result, rows, last)
+        legend_rows = _legend(figure, result)
+        axes.set_xlim(0.0, last * 1.03)
+        axes.set_ylim(len(rows) - 0.5, -0.5)  # row 0 on top
+    else:
+        reason = result.message.strip().splitlines()[0] if result.message.strip() else result.status
+        axes.text(0.5, 0.5, f"no rollouts recorded\n{reason}", ha="center", va="center", wrap=True)
+        axes.set_xticks([])
+        axes.set_yticks([])
+    both = "each run" if result.baseline_rollouts else "the faulted run"
+    axes.set_xlabel(f"seconds since {both} started")
+    per_row = 0.32 if len(rows) <= 16 else 0.2
+    # The axes' ticks, label and margins take about an inch; the header and legend what they hold.
+    height = per_row * len(rows) + 1.0 + header_in + 0.22 * legend_rows
+    figure.set_size_inches(_WIDTH_IN, max(3.6, height))
+    return figure
+
+
 class _Row(NamedTuple):
+    kind: RowKind
+    of: int | None  # the endpoint's or rollout's index; None for the shared row
     label: str
-    rollout: int | None  # None: the shared engine/network row
-    placeholder: bool
+    placeholder: bool = False
 
 
-def _rows(result: ScenarioResult) -> tuple[list[_Row], dict[int | None, int]]:
-    """The rows top to bottom, and the row number of each rollout index (None: the shared row)."""
+def _rows(result: ScenarioResult) -> list[_Row]:
+    """The rows top to bottom: the endpoints, the shared row when a firing needs it, the rollouts."""
+    endpoints = _endpoint_indices(result)
+    rows = [
+        _Row("endpoint", endpoint.index, _endpoint_label(endpoint))
+        for endpoint in sorted(result.endpoints, key=lambda endpoint: endpoint.index)
+    ]
+    if any(not _firing_row_keys(firing, endpoints) for firing in result.firings):
+        rows.append(_Row("shared", None, _SHARED_ROW))
     placeholder = {rollout.index: rollout.placeholder for rollout in result.rollouts}
-    indices = set(placeholder) | {firing.rollout for firing in result.firings if firing.rollout is not None}
-    rows: list[_Row] = []
-    if any(firing.rollout is None for firing in result.firings):
-        rows.append(_Row(_SHARED_ROW, None, False))
+    indices = (
+        set(placeholder)
+        | {rollout.index for rollout in result.baseline_rollouts}
+        | {firing.rollout for firing in result.firings if firing.rollout is not None}
+    )
     for index in sorted(indices):
         is_placeholder = placeholder.get(index, False)
         label = f"r{index} placeholder" if is_placeholder else f"r{index}"
-        rows.append(_Row(label, index, is_placeholder))
-    return rows, {row.rollout: number for number, row in enumerate(rows)}
+        rows.append(_Row("rollout", index, label, is_placeholder))
+    return rows
 
 
-def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[_Row], row_of: dict[int | None, int]) -> float:
-    """Draws spans, firings and row labels; returns where the time axis should end."""
-    end = max(
+def _endpoint_label(endpoint: EndpointSpan) -> str:
+    # Failovers come in bursts (every request in flight when it went down): the count says how many.
+    failovers = len(endpoint.failovers_s)
+    if not failovers:
+        return f"endpoint {endpoint.index}"
+    return f"endpoint {endpoint.index} ({_count(failovers, 'failover')})"
+
+
+def _endpoint_indices(result: ScenarioResult) -> set[int]:
+    return {endpoint.index for endpoint in result.endpoints}
+
+
+def _firing_row_keys(firing: FaultFiring, endpoints: set[int]) -> list[RowKey]:
+    """Where a firing's marker goes: its rollout's row and its endpoint's row (each when it has one);
+    an empty list means the shared row."""
+    keys: list[RowKey] = []
+    if firing.rollout is not None:
+        keys.append(("rollout", firing.rollout))
+    if firing.endpoint is not None and firing.endpoint in endpoints:
+        keys.append(("endpoint", firing.endpoint))
+    return keys
+
+
+def _last_moment(result: ScenarioResult) -> float:
+    """The latest moment anything drawn happened, in either run; 1 s when nothing took time."""
+    baseline = [span.end_s for rollout in result.baseline_rollouts for span in rollout.spans]
+    last = max([_faulted_end(result), *baseline])
+    return last if last > 0 else 1.0
+
+
+def _faulted_end(result: ScenarioResult) -> float:
+    """The latest moment anything happened in the faulted run."""
+    return max(
         [result.faulted_s]
         + [span.end_s for rollout in result.rollouts for span in rollout.spans]
         + [firing.at_s for firing in result.firings]
+        + [end for endpoint in result.endpoints for _, end in endpoint.down_s]
+        + [at for endpoint in result.endpoints for at in endpoint.failovers_s]
     )
-    end = end * 1.03 if end > 0 else 1.0
-    # An instant call (a 1 ms reset in a 30 s run) would be invisible at its true width.
-    min_width = end * 0.003
+
+
+class _Lanes(NamedTuple):
+    """Where a rollout row's bars sit, as offsets of their centres from the row's centre (down is
+    positive) and heights, in rows."""
+
+    calls: float
+    calls_height: float
+    baseline: float
+    baseline_height: float
+
+
+def _lanes(result: ScenarioResult) -> _Lanes:
+    if result.baseline_rollouts:
+        # The calls move up to leave a thin lane for the baseline underneath, inside the same row.
+        return _Lanes(calls=-0.08, calls_height=0.6, baseline=0.32, baseline_height=0.12)
+    return _Lanes(calls=0.0, calls_height=0.72, baseline=0.0, baseline_height=0.0)
+
+
+def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[_Row], last: float) -> None:
+    """Draws every row's content, the fault markers and the row labels."""
+    row_of: dict[RowKey, int] = {(row.kind, row.of): number for number, row in enumerate(rows)}
+    min_width = last * 1.03 * MIN_SPAN_FRACTION
+    lanes = _lanes(result)
 
     for number, row in enumerate(rows):
         if row.placeholder:
             axes.axhspan(number - 0.5, number + 0.5, color=_PLACEHOLDER, alpha=0.1, linewidth=0, zorder=0)
-        elif row.rollout is None:
+        elif row.kind != "rollout":
             axes.axhspan(number - 0.5, number + 0.5, color="#888888", alpha=0.12, linewidth=0, zorder=0)
 
+    for endpoint in result.endpoints:
+        _endpoint_row(axes, row_of[("endpoint", endpoint.index)], endpoint, _faulted_end(result), min_width)
     for rollout in result.rollouts:
+        y = row_of[("rollout", rollout.index)] + lanes.calls
         for span in rollout.spans:
-            _bar(axes, row_of[rollout.index], span, min_width)
+            _bar(axes, y, lanes.calls_height, rollout.index, span, min_width)
+    if result.baseline_rollouts:
+        _baseline(axes, result.baseline_rollouts, row_of, lanes)
+    _firings(axes, result, row_of, lanes, small=len(rows) > 32)
+    _row_labels(axes, rows)
 
-    by_fault: dict[int, list[FaultFiring]] = {}
+
+def _bar(axes: Axes, y: float, height: float, rollout: int, span: TurnSpan, min_width: float) -> None:
+    color = {"generate": _GENERATE, "step": _ENV}.get(span.kind, _ENV_EDGE)
+    retry = span.attempt > 0
+    left, width, widened = _visible(span.start_s, span.end_s, min_width)
+    (patch,) = axes.barh(
+        y,
+        width,
+        left=left,
+        height=height * 0.47 if span.kind in ("reset", "close") else height,
+        color=color,
+        alpha=0.55 if retry else 1.0,
+        hatch="////" if retry else None,
+        hatchcolor="#ffffff" if retry else None,
+        edgecolor=_FAILED if span.failed else "#ffffff",
+        linewidth=1.8 if span.failed else 0.5,
+        # A widened call overlaps its neighbours: it goes on top of them, and a red outline on top of all.
+        zorder=4 if span.failed else 3 if widened else 2,
+    )
+    patch.set_gid(f"r{rollout} {span.kind} turn {span.turn} attempt {span.attempt}")
+
+
+def _visible(start: float, end: float, min_width: float) -> tuple[float, float, bool]:
+    """``(left, width, widened)`` of a bar for ``start .. end``: as it is, or ``min_width`` wide,
+    centred on it (never left of 0), when it is narrower."""
+    if end - start >= min_width:
+        return start, end - start, False
+    return max(0.0, (start + end - min_width) / 2), min_width, True
+
+
+def _baseline(axes: Axes, rollouts: Sequence[RolloutSpan], row_of: dict[RowKey, int], lanes: _Lanes) -> None:
+    """Each baseline rollout from its first call to its last, and where the baseline's batch ended."""
+    ends = []
+    for rollout in rollouts:
+        if not rollout.spans:
+            continue
+        start = min(span.start_s for span in rollout.spans)
+        end = max(span.end_s for span in rollout.spans)
+        ends.append(end)
+        (patch,) = axes.barh(
+            row_of[("rollout", rollout.index)] + lanes.baseline,
+            end - start,
+            left=start,
+            height=lanes.baseline_height,
+            color=_BASELINE,
+            linewidth=0,
+            zorder=1,
+        )
+        patch.set_gid(f"baseline r{rollout.index}")
+    if ends:
+        line = axes.axvline(max(ends), color=_BASELINE, linestyle="--", linewidth=1.2, zorder=1)
+        line.set_gid("baseline end")
+
+
+def _endpoint_row(axes: Axes, row: int, endpoint: EndpointSpan, until: float, min_width: float) -> None:
+    """In rotation until the faulted run ended, except where a bar says it was out; failovers below
+    the centre and on top, so a fault's marker at the same moment does not hide them."""
+    axes.hlines(row, 0.0, until, color=_IN_ROTATION, linewidth=2.0, alpha=0.7, zorder=1)
+    for start, end in endpoint.down_s:
+        left, width, _ = _visible(start, end, min_width)
+        (patch,) = axes.barh(
+            row,
+            width,
+            left=left,
+            height=0.6,
+            color="#F6C6C6",
+            hatch="////",
+            hatchcolor=_OUT_OF_ROTATION,
+            edgecolor=_OUT_OF_ROTATION,
+            linewidth=1.0,
+            zorder=2,
+        )
+        patch.set_gid(f"endpoint {endpoint.index} down")
+    if endpoint.failovers_s:
+        markers = axes.scatter(
+            endpoint.failovers_s,
+            [row + 0.22] * len(endpoint.failovers_s),
+            marker=">",
+            s=45,
+            color=_FAILOVER,
+            edgecolors="#ffffff",
+            linewidths=0.8,
+            zorder=7,
+        )
+        markers.set_gid(f"endpoint {endpoint.index} failovers")
+
+
+def _firings(
+    axes: Axes, result: ScenarioResult, row_of: dict[RowKey, int], lanes: _Lanes, *, small: bool
+) -> None:
+    """Each fault's firings as ``x`` markers, one scatter per fault, centred on the calls' lane."""
+    endpoints = _endpoint_indices(result)
+    by_fault: dict[int, list[tuple[float, float]]] = {}
     for firing in result.firings:
-        by_fault.setdefault(firing.fault, []).append(firing)
-    for fault, firings in sorted(by_fault.items()):
-        axes.scatter(
-            [firing.at_s for firing in firings],
-            [row_of[firing.rollout] for firing in firings],
+        for key in _firing_row_keys(firing, endpoints) or [("shared", None)]:
+            y = row_of[key] + (lanes.calls if key[0] == "rollout" else 0.0)
+            by_fault.setdefault(firing.fault, []).append((firing.at_s, y))
+    for fault, points in sorted(by_fault.items()):
+        markers = axes.scatter(
+            [x for x, _ in points],
+            [y for _, y in points],
             marker="x",
-            s=70 if len(rows) <= 32 else 40,
+            s=40 if small else 70,
             linewidths=2.2,
             color=_FIRING_COLORS[fault % len(_FIRING_COLORS)],
-            zorder=5,
+            zorder=6,
             path_effects=[_white_outline()],
         )
+        markers.set_gid(f"fault {fault}")
 
+
+def _row_labels(axes: Axes, rows: Sequence[_Row]) -> None:
     font = 9.0 if len(rows) <= 24 else 7.0 if len(rows) <= 40 else 6.0
     axes.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=font)
     for tick, row in zip(axes.get_yticklabels(), rows, strict=True):
@@ -160,32 +381,30 @@ def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[_Row], row_of: dict
     if len(rows) <= 40:
         for boundary in range(len(rows) - 1):
             axes.axhline(boundary + 0.5, color="#eeeeee", linewidth=0.6, zorder=0)
+    # The endpoints and the shared row are the run's, not a rollout's: a darker line sets them apart.
+    shared = sum(row.kind != "rollout" for row in rows)
+    if 0 < shared < len(rows):
+        axes.axhline(shared - 0.5, color="#999999", linewidth=1.0, zorder=1)
     axes.set_axisbelow(True)
     for side in ("top", "right"):
         axes.spines[side].set_visible(False)
-    return end
 
 
-def _bar(axes: Axes, row: int, span: TurnSpan, min_width: float) -> None:
-    color = {"generate": _GENERATE, "step": _ENV}.get(span.kind, _ENV_EDGE)
-    retry = span.attempt > 0
-    axes.barh(
-        row,
-        max(span.end_s - span.start_s, min_width),
-        left=span.start_s,
-        height=0.34 if span.kind in ("reset", "close") else 0.72,
-        color=color,
-        alpha=0.55 if retry else 1.0,
-        hatch="////" if retry else None,
-        hatchcolor="#ffffff" if retry else None,
-        edgecolor=_FAILED if span.failed else "#ffffff",
-        linewidth=1.8 if span.failed else 0.5,
-        zorder=3 if span.failed else 2,  # a red outline stays on top of its neighbours' edges
+def _titles(figure: Figure, axes: Axes, result: ScenarioResult) -> float:
+    """The title over the figure and the facts over the axes, wrapped to fit; returns their height
+    in inches."""
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    width = figure.get_figwidth() * figure.dpi
+    title = _wrap(
+        f"{result.title}  ({result.status})".split(" "),
+        " ",
+        width * _TITLE_WIDTH,
+        _TITLE_SIZE,
+        True,
+        renderer,
     )
-
-
-def _titles(figure: Figure, axes: Axes, result: ScenarioResult) -> None:
-    figure.suptitle(f"{result.title}  ({result.status})", fontsize=13, fontweight="bold")
+    # parse_math off: a "$" in a title or an observed value is text, not the start of a formula.
+    figure.suptitle("\n".join(title), fontsize=_TITLE_SIZE, fontweight="bold", parse_math=False)
     held = sum(probe.held for probe in result.probes)
     placeholders = sum(rollout.placeholder for rollout in result.rollouts)
     facts = [
@@ -196,18 +415,87 @@ def _titles(figure: Figure, axes: Axes, result: ScenarioResult) -> None:
         _count(placeholders, "placeholder"),
         f"baseline {result.baseline_s:.1f} s, faulted {result.faulted_s:.1f} s",
     ]
-    lines = [" | ".join(facts)]
+    facts_width = width * _FACTS_WIDTH
+    lines = _wrap(facts, " | ", facts_width, _FACTS_SIZE, False, renderer)
     deviations = [deviation_line(probe) for probe in result.deviations()]
-    lines += deviations[:3] + ([f"... and {len(deviations) - 3} more"] if len(deviations) > 3 else [])
-    axes.set_title("\n".join(lines), loc="left", fontsize=9, color=_STATUS_COLORS[result.status])
+    for line in deviations[:3]:
+        lines += _wrap(line.split(" "), " ", facts_width, _FACTS_SIZE, False, renderer, max_lines=2)
+    if len(deviations) > 3:
+        lines.append(f"... and {len(deviations) - 3} more")
+    axes.set_title(
+        "\n".join(lines),
+        loc="left",
+        fontsize=_FACTS_SIZE,
+        color=_STATUS_COLORS[result.status],
+        parse_math=False,
+    )
+    return 0.26 * len(title) + 0.17 * len(lines)
 
 
-def _legend(figure: Figure, result: ScenarioResult) -> None:
+def _wrap(
+    pieces: Sequence[str],
+    separator: str,
+    width_px: float,
+    size: float,
+    bold: bool,
+    renderer: RendererBase,
+    *,
+    max_lines: int | None = None,
+) -> list[str]:
+    """``pieces`` joined by ``separator`` into lines no wider than ``width_px`` when drawn at ``size``
+    points; a piece wider than a line on its own (a long path) is cut where it must be. Beyond
+    ``max_lines`` the text is cut and ends in ``...``."""
+    from matplotlib.font_manager import FontProperties
+
+    font = FontProperties(size=size, weight="bold" if bold else "normal")
+
+    def fits(text: str) -> bool:
+        return renderer.get_text_width_height_descent(text, font, ismath=False)[0] <= width_px
+
+    def longest_prefix(text: str) -> int:
+        cut = len(text)
+        while cut > 1 and not fits(text[:cut]):
+            cut -= 1
+        return cut
+
+    lines: list[str] = []
+    line = ""
+    for piece in pieces:
+        candidate = f"{line}{separator}{piece}" if line else piece
+        if fits(candidate):
+            line = candidate
+            continue
+        if line:
+            lines.append(line)
+        while not fits(piece):
+            cut = longest_prefix(piece)
+            lines.append(piece[:cut])
+            piece = piece[cut:]
+        line = piece
+    lines.append(line)
+    if max_lines is not None and len(lines) > max_lines:
+        kept = lines[max_lines - 1]
+        lines = [*lines[: max_lines - 1], kept[: longest_prefix(kept + "...") - 3] + "..."]
+    return lines
+
+
+def _legend(figure: Figure, result: ScenarioResult) -> int:
+    """The legend, below the axes; returns how many rows of entries it has."""
+    handles = _legend_handles(result)
+    columns = min(len(handles), _LEGEND_COLUMNS)
+    legend = figure.legend(
+        handles=handles, loc="outside lower center", ncols=columns, fontsize=8, frameon=False
+    )
+    legend.set_gid("legend")
+    return math.ceil(len(handles) / columns)
+
+
+def _legend_handles(result: ScenarioResult) -> list[Artist]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     spans = [span for rollout in result.rollouts for span in rollout.spans]
-    handles: list[Patch | Line2D] = [
+    handles: list[Artist] = [
         Patch(facecolor=_GENERATE, label="generate"),
         Patch(facecolor=_ENV, label="env step"),
         Patch(facecolor=_ENV_EDGE, label="env reset / close (narrow)"),
@@ -222,6 +510,33 @@ def _legend(figure: Figure, result: ScenarioResult) -> None:
         handles.append(Patch(facecolor="#ffffff", edgecolor=_FAILED, linewidth=1.8, label="call failed"))
     if any(rollout.placeholder for rollout in result.rollouts):
         handles.append(Patch(facecolor=_PLACEHOLDER, alpha=0.15, label="placeholder rollout"))
+    if result.baseline_rollouts:
+        handles.append(Patch(facecolor=_BASELINE, label="rollout in the fault-free baseline"))
+        handles.append(Line2D([], [], color=_BASELINE, linestyle="--", label="baseline batch ended"))
+    if result.endpoints:
+        handles.append(Line2D([], [], color=_IN_ROTATION, linewidth=2.0, label="endpoint in rotation"))
+    if any(endpoint.down_s for endpoint in result.endpoints):
+        handles.append(
+            Patch(
+                facecolor="#F6C6C6",
+                hatch="////",
+                hatchcolor=_OUT_OF_ROTATION,
+                edgecolor=_OUT_OF_ROTATION,
+                label="endpoint out of rotation",
+            )
+        )
+    if any(endpoint.failovers_s for endpoint in result.endpoints):
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker=">",
+                markersize=8,
+                color=_FAILOVER,
+                label="request failed over to another endpoint",
+            )
+        )
     kinds: dict[int, tuple[str, int]] = {}
     for firing in result.firings:
         description, count = kinds.get(firing.fault, (f"{firing.target} {firing.kind}", 0))
@@ -239,7 +554,7 @@ def _legend(figure: Figure, result: ScenarioResult) -> None:
                 label=f"fault {fault}: {description} (x{count})",
             )
         )
-    figure.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    return handles
 
 
 def _count(number: int, noun: str) -> str:
