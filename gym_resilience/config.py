@@ -1,10 +1,18 @@
-"""``RunnerConfig``: every knob of the batch runner, checked once at construction (DESIGN.md §3)."""
+"""``RunnerConfig``: every knob of the batch runner, checked once at construction."""
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
+import difflib
 import math
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from gym_resilience import errors
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.retry import RetryPolicy
 
@@ -13,7 +21,7 @@ __all__ = ["RunnerConfig"]
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
-    """How ``BatchRunner`` runs a batch. Defaults follow the seed: failures abort the step.
+    """How ``BatchRunner`` runs a batch. Defaults follow SkyRL's generator: failures abort the step.
 
     Attributes:
         skip_failed_rollouts: contain each rollout's ``Exception`` and stand a placeholder trajectory in
@@ -28,9 +36,10 @@ class RunnerConfig:
         token_level_rewards: one reward per response token (each turn's reward on its last generated
             token) instead of one float per trajectory.
         step_wise: one trajectory per turn (``StepWiseTrajectory``) for step-wise training.
-        batched: the seed's single-turn path (``max_turns=1``). Engines batch concurrent requests
-            themselves, so it runs the same loop; it is kept so ported configurations mean the same,
-            and ``skip_failed_rollouts`` is rejected with it as in the seed.
+        batched: SkyRL's generator's batched single-turn path (``max_turns=1``). Engines batch
+            concurrent requests themselves, so it runs the same loop; it is kept so ported
+            configurations mean the same, and ``skip_failed_rollouts`` is rejected with it as in
+            SkyRL's generator.
         return_routed_experts: return MoE routed-expert indices (no bundled engine provides them).
         zero_reward_on_non_stop: zero the reward of rows whose stop reason is not ``"stop"``.
         apply_overlong_filtering: zero the loss mask of rows whose stop reason is not ``"stop"``.
@@ -83,6 +92,55 @@ class RunnerConfig:
     env_reset_timeout_s: float | None = None
     env_create_timeout_s: float | None = None
     close_timeout_s: float = 10.0
+
+    @classmethod
+    def from_mapping(
+        cls,
+        mapping: Mapping[str, Any],
+        *,
+        exceptions: Callable[[str], type[BaseException]] | None = None,
+        at: Sequence[str | int] = ("runner",),
+    ) -> RunnerConfig:
+        """The configuration plain data describes (a parsed YAML or JSON mapping of field names).
+
+        Every key must be a field, every value of its field's type (an integer is a number; a finite
+        one: ``null`` says "no deadline"). ``retry`` is null or a mapping of ``RetryPolicy`` fields but
+        ``sleep`` and ``async_sleep``, whose ``retry_on`` lists exception names, resolved by
+        ``exceptions`` (by default a built-in exception or an error gym_resilience exports).
+
+        Args:
+            mapping: the data.
+            exceptions: turns an exception name into its class; raises ``ValueError`` (whose message
+                is the reason given) for a name it cannot resolve.
+            at: where ``mapping`` sits in the caller's data: the start of every error's ``path``.
+
+        Raises:
+            UnsupportedConfigError: the first bad key or value in ``mapping``'s order, or a combination
+                ``RunnerConfig`` or ``RetryPolicy`` rejects; ``path`` is the value's place
+                (``("runner", "retry", "attempts")``), ``option`` that path as text
+                (``runner.retry.attempts``), ``reason`` what is wrong with it.
+
+        Example:
+            >>> RunnerConfig.from_mapping({"max_turns": 3, "retry": {"attempts": 2}}).retry.attempts
+            2
+            >>> RunnerConfig.from_mapping({"retry": {"attempts": 0}})
+            Traceback (most recent call last):
+            ...
+            gym_resilience.errors.UnsupportedConfigError: runner.retry.attempts: must be an int >= 1, got 0
+        """
+        resolve = exceptions or _known_exception
+        root = tuple(at)
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for key, value in _fields_of(cls, mapping, root).items():
+            if key == "retry":
+                values[key] = None if value is None else _retry_policy(value, (*root, key), resolve)
+            else:
+                values[key] = _typed(value, hints[key], (*root, key))
+        try:
+            return cls(**values)
+        except UnsupportedConfigError as exc:
+            raise _at((*root, *exc.path), exc.reason) from None
 
     def __post_init__(self) -> None:
         _check_positive("max_turns", self.max_turns)
@@ -160,3 +218,139 @@ def _check_deadline(option: str, value: float | None) -> None:
         raise UnsupportedConfigError(
             f"must be a finite number of seconds > 0 or None, got {value!r}", option=option
         )
+
+
+# --- from_mapping: plain data to a configuration ---------------------------------------------------------
+
+# RetryPolicy fields plain data cannot set: how a retry sleeps is for code (tests) to inject.
+_RETRY_FIELDS_NOT_IN_DATA = frozenset({"sleep", "async_sleep"})
+
+
+def _at(path: Sequence[str | int], reason: str) -> UnsupportedConfigError:
+    return UnsupportedConfigError(reason, option=_dotted(path), path=path)
+
+
+def _dotted(path: Sequence[str | int]) -> str:
+    """``("runner", "retry", "retry_on", 1)`` -> ``runner.retry.retry_on[1]``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _fields_of(
+    kind: type[Any], value: Any, root: tuple[str | int, ...], excluded: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """``value`` checked to be a mapping of ``kind``'s init fields (those not ``excluded``), in order."""
+    known = [field.name for field in dataclasses.fields(kind) if field.init and field.name not in excluded]
+    if not isinstance(value, Mapping):
+        raise _at(
+            root, f"expected a mapping of {kind.__name__} fields ({', '.join(known)}), got {_show(value)}"
+        )
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; expected one of {', '.join(known)}"
+            raise _at((*root, key), f"unknown field {_show(key)}{hint}")
+    return dict(value)
+
+
+def _retry_policy(
+    value: Any, root: tuple[str | int, ...], resolve: Callable[[str], type[BaseException]]
+) -> RetryPolicy:
+    if not isinstance(value, Mapping):
+        known = [f.name for f in dataclasses.fields(RetryPolicy) if f.name not in _RETRY_FIELDS_NOT_IN_DATA]
+        raise _at(
+            root, f"expected null or a mapping of RetryPolicy fields ({', '.join(known)}), got {_show(value)}"
+        )
+    hints = typing.get_type_hints(RetryPolicy)
+    values: dict[str, Any] = {}
+    for key, item in _fields_of(RetryPolicy, value, root, _RETRY_FIELDS_NOT_IN_DATA).items():
+        if key == "retry_on":
+            values[key] = _retry_on(item, (*root, key), resolve)
+        else:
+            values[key] = _typed(item, hints[key], (*root, key))
+    try:
+        return RetryPolicy(**values)
+    except UnsupportedConfigError as exc:
+        raise _at((*root, *exc.path), exc.reason) from None
+
+
+def _retry_on(
+    value: Any, root: tuple[str | int, ...], resolve: Callable[[str], type[BaseException]]
+) -> tuple[type[Exception], ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(name, str) for name in value):
+        raise _at(root, f"expected a list of exception names, got {_show(value)}")
+    kinds: list[type[Exception]] = []
+    for index, name in enumerate(value):
+        try:
+            kind = resolve(name)
+        except ValueError as exc:
+            raise _at((*root, index), str(exc)) from None
+        if not issubclass(kind, Exception):
+            raise _at(
+                (*root, index),
+                f"{name!r} cannot be retried: retry_on takes Exception subclasses, and cancellation and "
+                "KeyboardInterrupt always propagate",
+            )
+        kinds.append(kind)
+    return tuple(kinds)
+
+
+def _known_exception(name: str) -> type[BaseException]:
+    """A built-in exception or an error gym_resilience exports, by name."""
+    for namespace in (vars(errors), vars(builtins)):
+        found = namespace.get(name)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return found
+    raise ValueError(f"unknown exception {name!r}: expected a built-in exception or a gym_resilience error")
+
+
+_WORDS: dict[Any, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    type(None): "null",
+}
+
+
+def _typed(value: Any, annotation: Any, path: tuple[str | int, ...]) -> Any:
+    """``value`` if a type ``annotation`` allows has it (an int is a float, and becomes one)."""
+    members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    for member in members:
+        if member is type(None) and value is None:
+            return None
+        if member is bool and isinstance(value, bool):
+            return value
+        if member is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if member is float and isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):  # an infinite deadline is no deadline: null says that
+                raise _at(path, f"expected a finite number, got {_show(value)}")
+            return float(value)
+        if member is str and isinstance(value, str):
+            return value
+    words = [_WORDS.get(member, "a value") for member in members]
+    if "a number" in words and "an integer" in words:
+        words.remove("an integer")
+    raise _at(path, f"expected {' or '.join(words)}, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    """A value as YAML or JSON data writes it: ``'three'``, ``3``, ``true``, ``null``, ``a list``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    return f"a {type(value).__name__}"

@@ -411,11 +411,15 @@ class FailureBudgetExceededError(GymResilienceError):
 class UnsupportedConfigError(GymResilienceError, ValueError):
     """Raised when a configuration cannot work as asked; ``option`` names the offending setting.
 
-    Change the configuration as the message says; nothing was run.
+    ``reason`` is the message without the option's name; ``path`` is where the setting sits in nested
+    configuration data (``("runner", "retry", "attempts")``), ``(option,)`` unless given. Change the
+    configuration as the message says; nothing was run.
     """
 
-    def __init__(self, message: str, *, option: str) -> None:
+    def __init__(self, message: str, *, option: str, path: Sequence[str | int] | None = None) -> None:
         self.option = option
+        self.reason = message
+        self.path: tuple[str | int, ...] = (option,) if path is None else tuple(path)
         super().__init__(f"{option}: {message}")
 
 

@@ -153,4 +153,4 @@ def _check_delay(name: str, value: float) -> None:
 
 
 def _invalid(option: str, message: str) -> UnsupportedConfigError:
-    return UnsupportedConfigError(message, option=f"RetryPolicy.{option}")
+    return UnsupportedConfigError(message, option=f"RetryPolicy.{option}", path=(option,))

@@ -29,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
 from gym_resilience import ScenarioError
 
 if TYPE_CHECKING:
-    from harness.results import RunJournal
-    from harness.spec import Scenario
+    from harness.compile import CompiledScenario
+    from harness.loader import Suite
+    from harness.results import RunJournal, ScenarioResult
 
 __all__ = ["MAX_JOURNAL_BYTES", "MAX_JOURNAL_NESTING", "main", "record_scenario"]
 
@@ -60,11 +61,17 @@ _RUN_EPILOG = f"""\
 Each run gets its own folder, OUT/<UTC time>-<id>/, holding journal.json (every probe's observed and
 expected value, each fault's firings and timings), junit.xml (for CI) and plots/ (one timeline PNG per
 scenario), so the evidence of a failing run is never overwritten; --journal, --junit and --plots put
-one of them elsewhere instead. Every output path is checked before vLLM starts.
+one of them elsewhere instead. Every scenario file is checked (every problem of every file is
+reported) and every output path too, before vLLM starts.
+
+-k takes words matched against each scenario's file name and title (a substring, any case), joined
+with and, or, not and parentheses: -k "kill or reset", -k "engine and not served".
 
 examples:
   gym-resilience chaos run scenarios
   gym-resilience chaos run scenarios/05_hung_env_is_killed.yaml --out /tmp/chaos
+  gym-resilience chaos run scenarios -k "network and not tool" --dry-run
+  gym-resilience chaos run scenarios --tags served,kill --fail-fast
   gym-resilience chaos run scenarios --device cuda --junit reports/chaos.xml
 
 {_EXIT_CODES}"""
@@ -124,11 +131,38 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show vLLM's own log (off unless VLLM_LOGGING_LEVEL is set)",
     )
+    run.add_argument(
+        "-k",
+        dest="keyword",
+        metavar="EXPR",
+        help="run only the scenarios whose file name or title matches EXPR (words with and, or, not)",
+    )
+    run.add_argument(
+        "--tags", metavar="TAG[,TAG]", help="run only the scenarios with at least one of these tags"
+    )
+    run.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop after the first scenario that deviates or errors (the reports are still written)",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check and compile the scenarios and print what would run, without starting vLLM",
+    )
+    run.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run the valid scenarios even if some files are invalid (the exit code is still 2)",
+    )
 
     validate = actions.add_parser(
         "validate",
         help="check scenario files without running them",
-        description="Check scenario files without running anything: one line per file, valid or what to fix.",
+        description=(
+            "Check scenario files without running anything: one line per valid file, one line per problem "
+            "of each invalid file (every problem, earliest in the file first)."
+        ),
         epilog=_EXIT_CODES,
         formatter_class=raw,
     )
@@ -153,8 +187,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     record.add_argument(
         "--scenario",
-        metavar="NAME",
-        help="which scenario of the journal (its file name), if several had faults fire",
+        metavar="FILE",
+        help=(
+            "which scenario of the journal, if several had faults fire: its file as the run printed it, "
+            "or its file name, with or without .yaml"
+        ),
     )
     return parser
 
@@ -175,39 +212,122 @@ def _say(message: str) -> None:
     print(f"gym-resilience: {message}", file=sys.stderr, flush=True)
 
 
-# --- loading scenarios ------------------------------------------------------------------------------------
+# --- loading and selecting scenarios ---------------------------------------------------------------------
 
 
-def _load(paths: Sequence[Path]) -> tuple[list[tuple[Path, Scenario]], bool]:
-    """The valid scenarios ``paths`` name, after one line on stderr per invalid path or file, and whether
-    every path and file was valid. Every file is checked, however many before it were invalid."""
-    from harness.loader import load_scenario, scenario_files
+def _load(paths: Sequence[Path]) -> Suite:
+    """Every scenario ``paths`` name, loaded, after one line on stderr per problem of each invalid path
+    and file: every file is checked, however many before it were invalid."""
+    from harness.loader import load_suite
 
-    errors: list[ScenarioError] = []
-    usable: list[Path] = []
-    for given in paths:
-        try:
-            scenario_files([given])
-        except ScenarioError as invalid:
-            errors.append(invalid)
-        else:
-            usable.append(given)
-    loaded: list[tuple[Path, Scenario]] = []
-    for file in scenario_files(usable):
-        try:
-            loaded.append((file, load_scenario(file)))
-        except ScenarioError as invalid:
-            errors.append(invalid)
-    for error in errors:
-        print(f"invalid scenario: {error}", file=sys.stderr)
-    return loaded, not errors
+    suite = load_suite(paths)
+    for problem in suite.problems:
+        print(f"invalid scenario: {problem}", file=sys.stderr)
+    return suite
 
 
 def _validate(paths: Sequence[Path]) -> int:
-    scenarios, valid = _load(paths)
-    for path, scenario in scenarios:
-        print(f"{path}: valid ({scenario.title})")
-    return EXIT_HELD if valid else EXIT_INVALID
+    suite = _load(paths)
+    for scenario in suite.scenarios:
+        print(f"{scenario.file}: valid ({scenario.title})")
+    return EXIT_HELD if suite.valid else EXIT_INVALID
+
+
+class _Keyword:
+    """A ``-k`` expression: words (substrings of a file name or title, any case) joined with ``and``,
+    ``or``, ``not`` and parentheses, ``or`` binding loosest, as in pytest."""
+
+    def __init__(self, expression: str) -> None:
+        self._text = expression
+        self._tokens = expression.replace("(", " ( ").replace(")", " ) ").split()
+        self._position = 0
+        if not self._tokens:
+            raise self._invalid("it is empty")
+        self._tree = self._or()
+        if self._position < len(self._tokens):
+            raise self._invalid(f"unexpected {self._tokens[self._position]!r}")
+
+    def matches(self, *texts: str) -> bool:
+        haystack = [text.lower() for text in texts]
+        return self._evaluate(self._tree, haystack)
+
+    def _invalid(self, why: str) -> _InvalidInput:
+        return _InvalidInput(f"gym-resilience: -k {self._text!r}: {why}")
+
+    def _next(self) -> str | None:
+        return self._tokens[self._position] if self._position < len(self._tokens) else None
+
+    def _or(self) -> Any:
+        tree = self._and()
+        while self._next() == "or":
+            self._position += 1
+            tree = ("or", tree, self._and())
+        return tree
+
+    def _and(self) -> Any:
+        tree = self._not()
+        while self._next() == "and":
+            self._position += 1
+            tree = ("and", tree, self._not())
+        return tree
+
+    def _not(self) -> Any:
+        token = self._next()
+        if token is None:
+            raise self._invalid("it ends where a word is expected")
+        self._position += 1
+        if token == "not":
+            return ("not", self._not())
+        if token == "(":
+            tree = self._or()
+            if self._next() != ")":
+                raise self._invalid("a '(' is never closed")
+            self._position += 1
+            return tree
+        if token in ("and", "or", ")"):
+            raise self._invalid(f"expected a word, got {token!r}")
+        return ("word", token.lower())
+
+    def _evaluate(self, tree: Any, haystack: list[str]) -> bool:
+        match tree:
+            case ("word", word):
+                return any(word in text for text in haystack)
+            case ("not", inner):
+                return not self._evaluate(inner, haystack)
+            case ("and", left, right):
+                return self._evaluate(left, haystack) and self._evaluate(right, haystack)
+            case ("or", left, right):
+                return self._evaluate(left, haystack) or self._evaluate(right, haystack)
+        raise AssertionError(tree)
+
+
+def _tags(text: str | None) -> set[str]:
+    return {tag.strip() for tag in (text or "").split(",") if tag.strip()}
+
+
+def _select(scenarios: Sequence[CompiledScenario], args: argparse.Namespace) -> list[CompiledScenario]:
+    """The scenarios ``-k`` and ``--tags`` select (all when neither is given)."""
+    keyword = _Keyword(args.keyword) if args.keyword is not None else None
+    tags = _tags(args.tags)
+    return [
+        scenario
+        for scenario in scenarios
+        if (keyword is None or keyword.matches(scenario.file.name, scenario.title))
+        and (not tags or tags & set(scenario.spec.tags))
+    ]
+
+
+def _invalid_results(suite: Suite) -> list[ScenarioResult]:
+    """One journal entry per invalid path or file, status ``invalid``, its problems as the message."""
+    from harness.results import ScenarioResult
+
+    by_file: dict[str, list[str]] = {}
+    for problem in suite.problems:
+        by_file.setdefault(problem.file, []).append(str(problem))
+    return [
+        ScenarioResult(file=file, title="", status="invalid", message="\n".join(lines))
+        for file, lines in by_file.items()
+    ]
 
 
 # --- output paths -----------------------------------------------------------------------------------------
@@ -298,24 +418,42 @@ def _quiet_vllm(verbose: bool) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     _quiet_vllm(args.verbose)
-    scenarios, valid = _load(args.paths)
-    if not valid:
+    if args.keyword is not None:
+        _Keyword(args.keyword)  # a malformed expression is refused before anything is loaded
+    suite = _load(args.paths)
+    if not suite.valid and not args.keep_going:
+        return EXIT_INVALID
+    selected = _select(suite.scenarios, args)
+    if not selected and (suite.valid or suite.scenarios):
+        chosen = " ".join(
+            f"{option} {value!r}" for option, value in (("-k", args.keyword), ("--tags", args.tags)) if value
+        )
+        given = len(suite.scenarios)
+        raise _InvalidInput(
+            f"gym-resilience: no scenario matches {chosen}; {given} valid scenario files were given"
+        )
+    if args.dry_run:
+        return _dry_run(selected, args, suite)
+    if not selected:
         return EXIT_INVALID
     outputs = _plan_outputs(args)
 
     from gym_resilience.models import build_tiny_model
     from harness.replay import run_scenarios
     from harness.reports import ProgressView
-    from harness.results import RunJournal, ScenarioResult
+    from harness.results import RunJournal
 
-    count = f"{len(scenarios)} scenario{'s' if len(scenarios) != 1 else ''}"
-    _say(f"{count} valid; reports will go to {outputs.folder or outputs.journal.parent}")
-    _say("building the tiny model (only the first time: it is cached)")
-    build_tiny_model()
+    count = f"{len(selected)} scenario{'s' if len(selected) != 1 else ''}"
+    _say(f"{count} to run; reports will go to {outputs.folder or outputs.journal.parent}")
+    if any(scenario.model_dir is None for scenario in selected):
+        _say("building the tiny model (only the first time: it is cached)")
+        build_tiny_model()
     _say(f"starting vLLM on {args.device} (the first run compiles kernels: a minute or two)")
     view = ProgressView()
-    view.start(len(scenarios))
+    view.start(len(selected))
     journal = RunJournal(device=args.device, started_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    invalid = _invalid_results(suite)
+    journal.scenarios.extend(invalid)
     start = time.perf_counter()
 
     def finished(result: ScenarioResult) -> None:
@@ -323,31 +461,50 @@ def _run(args: argparse.Namespace) -> int:
         view.scenario_finished(result)
 
     try:
-        asyncio.run(
+        results = asyncio.run(
             run_scenarios(
-                scenarios,
+                selected,
                 device=args.device,
-                on_start=lambda path, scenario: view.scenario_started(str(path), scenario.title),
+                fail_fast=args.fail_fast,
+                on_start=lambda scenario: view.scenario_started(str(scenario.file), scenario.title),
                 on_finish=finished,
             )
         )
     except KeyboardInterrupt:
         journal.total_s = time.perf_counter() - start
         view.finish(journal)
-        _say(f"interrupted after {len(journal.scenarios)} of {count}; saving what finished")
+        ran = len(journal.scenarios) - len(invalid)
+        _say(f"interrupted after {ran} of {count}; saving what finished")
         _save(journal, outputs)
         return EXIT_INTERRUPTED
     except Exception:
         journal.total_s = time.perf_counter() - start
-        _say(f"the harness failed after {len(journal.scenarios)} of {count}; saving what finished")
+        ran = len(journal.scenarios) - len(invalid)
+        _say(f"the harness failed after {ran} of {count}; saving what finished")
         _save(journal, outputs)
         raise
     journal.total_s = time.perf_counter() - start
     view.finish(journal)
+    if len(results) < len(selected):
+        _say(
+            f"--fail-fast: stopped after the first failure; {len(selected) - len(results)} of {count} not run"
+        )
     saved = _save(journal, outputs)
+    if not suite.valid:
+        return EXIT_INVALID
     if journal.status != "held":
         return EXIT_DEVIATED
     return EXIT_HELD if saved else EXIT_DEVIATED
+
+
+def _dry_run(selected: Sequence[CompiledScenario], args: argparse.Namespace, suite: Suite) -> int:
+    """Prints what would run, one scenario after another, and starts nothing."""
+    for scenario in selected:
+        print(f"{scenario.file}: {scenario.title}")
+        print(f"    {scenario.summary()}")
+    count = f"{len(selected)} scenario{'s' if len(selected) != 1 else ''}"
+    print(f"{count} would run on {args.device}; dry run: nothing was started")
+    return EXIT_HELD if suite.valid else EXIT_INVALID
 
 
 def _save(journal: RunJournal, outputs: _Outputs) -> bool:
@@ -424,11 +581,10 @@ def record_scenario(journal_data: Any, scenario_name: str | None = None) -> dict
     journal = _recorded_journal(journal_data)
     results = list(enumerate(journal.scenarios))
     if scenario_name is not None:
-        wanted = (scenario_name, f"{scenario_name}.yaml")
-        results = [(n, r) for n, r in results if Path(r.file).name in wanted]
+        results = _named(results, scenario_name)
     fired = [(n, r) for n, r in results if r.firings]
     if len(fired) != 1:
-        names = ", ".join(Path(r.file).name for _, r in fired) or "none"
+        names = ", ".join(r.file for _, r in fired) or "none"
         raise ValueError(
             f"expected exactly one scenario with fault firings, found {len(fired)} ({names}); "
             "name one with --scenario"
@@ -464,13 +620,30 @@ def record_scenario(journal_data: Any, scenario_name: str | None = None) -> dict
     return spec
 
 
+def _named(results: list[tuple[int, _Result]], name: str) -> list[tuple[int, _Result]]:
+    """The results whose file is ``name``: the same path (as the run printed it, or resolved), else the
+    same file name, with or without its suffix."""
+    wanted = Path(name)
+    same_path = [(n, r) for n, r in results if r.file == name or _same_file(Path(r.file), wanted)]
+    if same_path:
+        return same_path
+    return [(n, r) for n, r in results if wanted.name in (Path(r.file).name, Path(r.file).stem)]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a path that cannot be resolved (a symlink loop) names no file
+        return False
+
+
 def _recorded_journal(data: Any) -> _Journal:
     if not isinstance(data, dict):
         raise ValueError(f"not a chaos journal: expected a JSON object at the top, got {_json_type(data)}")
     try:
         return _Journal.model_validate(data)
     except ValidationError as exc:
-        from harness.loader import field_path
+        from harness.messages import field_path
 
         error = exc.errors(include_url=False)[0]
         where = field_path(error["loc"])
@@ -511,7 +684,7 @@ def _read_journal(path: Path) -> Any:
     Raises:
         _InvalidInput: the file is missing, too large, not a regular file, not UTF-8 or not JSON.
     """
-    from harness.loader import read_input_file
+    from harness.source import read_input_file
 
     def invalid(reason: str) -> _InvalidInput:
         return _InvalidInput(f"{path}: cannot record a scenario: {reason}")

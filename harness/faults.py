@@ -1,4 +1,4 @@
-"""Fault injection for chaos scenarios (DESIGN.md §6): the plan that decides, the wrappers that inject.
+"""Fault injection for chaos scenarios: the plan that decides, the wrappers that inject.
 
 :class:`FaultPlan` holds a scenario's faults and decides, as a function of where a call is (rollout,
 attempt, turn), whether a fault fires; every firing is appended to a JSON-lines log that threads and
@@ -66,7 +66,6 @@ __all__ = [
     "connection_fires",
     "draw",
     "read_firings",
-    "resolve_exception",
 ]
 
 HANG_S: Final = 24 * 3600.0
@@ -81,27 +80,6 @@ BAD_REWARD: Final = "lots"
 
 SpanKind = Literal["generate", "reset", "step", "close"]
 T = TypeVar("T")
-
-
-# --- Exceptions by name. ------------------------------------------------------------------------------
-
-
-def resolve_exception(name: str) -> type[BaseException]:
-    """The exception class a scenario names, as ``harness.loader.resolve_exception`` resolves it.
-
-    Imported on first use, so isolated env workers that unpickle a plan do not import the loader (and
-    YAML): a plan carries its resolved classes with it.
-
-    Raises:
-        ValueError: the name does not resolve to an exception class.
-    """
-    from harness.loader import resolve_exception as resolve
-
-    return resolve(name)
-
-
-def _construct(cls: type[BaseException], message: str) -> BaseException:
-    return cls(message)
 
 
 # --- Decisions. ---------------------------------------------------------------------------------------
@@ -189,56 +167,48 @@ class FaultPlan:
         seed: The scenario's seed, from which every ``probability`` draw derives.
         log_path: The JSON-lines file firings are appended to (created on the first firing).
         start: ``time.time()`` when the faulted run started; firings are logged as offsets from it.
+        exceptions: The class each ``raise`` fault raises, by the fault's index, as the scenario's
+            compiled form resolved it (``CompiledScenario.exceptions``); nothing is resolved again here.
 
     Raises:
-        UnsupportedConfigError: a fault cannot work as given (``option`` names it, e.g.
-            ``faults[2].exception``): an exception name that does not resolve, an exception class that
-            cannot be built from one message (gym_resilience's keyword-only errors), ``bad_output`` on
-            ``close`` (its return value is ignored, so the fault would do nothing).
+        UnsupportedConfigError: a ``raise`` fault has no class in ``exceptions`` (``option`` names it,
+            e.g. ``faults[2].exception``).
 
     Example:
         >>> from harness.spec import EnvFault, Targeting
         >>> plan = FaultPlan([EnvFault(target="env", kind="raise", when=Targeting(turns=[1]))],
-        ...                  seed=0, log_path=Path("/dev/null"), start=time.time())
+        ...                  seed=0, log_path=Path("/dev/null"), start=time.time(),
+        ...                  exceptions={0: RuntimeError})
         >>> plan.fires(0, rollout=3, attempt=0, turn=1), plan.fires(0, rollout=3, attempt=0, turn=0)
         (True, False)
     """
 
-    def __init__(self, faults: Sequence[Fault], seed: int, log_path: Path, start: float) -> None:
+    def __init__(
+        self,
+        faults: Sequence[Fault],
+        seed: int,
+        log_path: Path,
+        start: float,
+        exceptions: Mapping[int, type[BaseException]] | None = None,
+    ) -> None:
         self.faults: tuple[Fault, ...] = tuple(faults)
         self.seed = seed
         self.log_path = Path(log_path)
         self.start = start
-        self._exceptions: dict[int, type[BaseException]] = {}
+        self._exceptions = dict(exceptions or {})
         self._calls: dict[int, int] = {}
         self._lock = threading.Lock()
         for index, fault in enumerate(self.faults):
-            self._check(index, fault)
-
-    def _check(self, index: int, fault: Fault) -> None:
-        if isinstance(fault, EnvFault) and fault.kind == "bad_output" and fault.method == "close":
-            raise UnsupportedConfigError(
-                "bad_output cannot target close: close() returns nothing, so the fault would do nothing",
-                option=f"faults[{index}].method",
-            )
-        if isinstance(fault, NetworkFault) or fault.kind != "raise":
-            return
-        option = f"faults[{index}].exception"
-        try:
-            cls = resolve_exception(fault.exception)
-        except ValueError as exc:
-            # Its text is the whole message; as the cause it would be repeated at the message's end.
-            raise UnsupportedConfigError(str(exc), option=option) from None
-        try:
-            _construct(cls, fault.message)
-        except Exception as exc:
-            raise UnsupportedConfigError(  # the message ends with what the constructor raised
-                f"{fault.exception} cannot be raised from a message alone; "
-                "name an exception class whose constructor takes one message, such as RuntimeError, "
-                "ConnectionResetError or EnvError",
-                option=option,
-            ) from exc
-        self._exceptions[index] = cls
+            if (
+                not isinstance(fault, NetworkFault)
+                and fault.kind == "raise"
+                and index not in self._exceptions
+            ):
+                raise UnsupportedConfigError(
+                    f"no exception class for the raise fault {fault.exception!r}: give the classes the "
+                    "scenario was compiled with (CompiledScenario.exceptions)",
+                    option=f"faults[{index}].exception",
+                )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -304,8 +274,7 @@ class FaultPlan:
         fault = self.faults[fault_index]
         if isinstance(fault, NetworkFault) or fault.kind != "raise":
             raise TypeError(f"fault {fault_index} is not a raise fault")
-        cls = self._exceptions.get(fault_index) or resolve_exception(fault.exception)
-        error = _construct(cls, fault.message)
+        error = self._exceptions[fault_index](fault.message)
         error.add_note(f"injected by chaos fault {fault_index}")
         return error
 
@@ -479,7 +448,8 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         >>> from harness.spec import EnvFault
         >>> task = generate_tasks(1, seed=0)[0]
         >>> plan = FaultPlan([EnvFault(target="env", kind="raise", exception="ConnectionResetError")],
-        ...                  seed=0, log_path=Path("/dev/null"), start=time.time())
+        ...                  seed=0, log_path=Path("/dev/null"), start=time.time(),
+        ...                  exceptions={0: ConnectionResetError})
         >>> env = FaultyEnv(word_game_factory(task), plan, rollout=0)
         >>> _ = env.reset(options={"task": task})
         >>> env.step("e")

@@ -60,12 +60,14 @@ class ScenarioFailed(Exception):
 
 class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
-        from harness.loader import load_scenario
+        from harness.loader import check_scenario
         from harness.replay import run_scenario
 
-        scenario = load_scenario(self.path)
+        checked = check_scenario(self.path)
+        if checked.scenario is None:  # every problem of the file, earliest first
+            raise ScenarioFailed("\n".join(f"invalid scenario: {problem}" for problem in checked.problems))
         runner, bench = _bench(self.config)
-        result = runner.run(run_scenario(self.path, scenario, bench))
+        result = runner.run(run_scenario(checked.scenario, bench))
         if result.status != "held":
             lines = [f"{result.status}: {result.title}"]
             if result.message:

@@ -1,21 +1,23 @@
-"""Replays a scenario: a fault-free baseline and a faulted run on the same engine, then the probes.
+"""Replays a compiled scenario: a fault-free baseline and a faulted run on the same engine, then the probes.
 
 Decoding is greedy in both runs, so a successful trajectory of the faulted run must equal the
-baseline's token for token. Engines are shared across the scenarios of a run (``Bench``): starting
-vLLM costs tens of seconds, a scenario a few.
+baseline's token for token. Engines are shared across the scenarios of a run (``Bench``), keyed by
+what they serve: starting vLLM costs tens of seconds, a scenario a few.
+
+Everything the scenario names was resolved when it was compiled (``harness.compile``): the runner
+configuration, the exception classes, the user's env factory, tasks and pipeline, the model folder.
+Faults reach the user's parts as they reach the bundled ones: the env factory (bundled or the user's)
+is wrapped in the fault injector and the env ledger, the engine in the engine fault injector, and a
+user pipeline is handed both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import math
-import sys
 import tempfile
 import time
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,18 +26,19 @@ from gym_resilience import (
     AnyTrajectory,
     BatchOutput,
     BatchRunner,
-    OutputValidationError,
     RunnerConfig,
+    StepWiseTrajectory,
     Task,
     build_batch_output,
-    group_relative_advantages,
+    describe_exception,
     rollout_headers,
-    validate_batch_output,
+    root_cause,
 )
 from gym_resilience.engines import Engine
 from gym_resilience.envs import ToolServer
-from gym_resilience.task_gen import generate_tasks, tool_env_factory, word_game_factory
-from harness.compare import Comparison, compare_outputs
+from gym_resilience.task_gen import tool_env_factory, word_game_factory
+from harness.compare import compare_outputs
+from harness.compile import CompiledScenario
 from harness.faults import (
     FaultPlan,
     FaultyEngine,
@@ -45,20 +48,20 @@ from harness.faults import (
     read_firings,
 )
 from harness.ledger import EnvLedger
-from harness.loader import resolve_exception, runner_config
+from harness.probes import RunOutcome, Runs, observe
 from harness.proxy import FaultProxy
-from harness.results import FaultFiring, ProbeResult, ScenarioResult
-from harness.spec import EngineSpec, NetworkFault, Scenario
+from harness.results import FaultFiring, ProbeResult, RolloutSpan, ScenarioResult
+from harness.spec import EnvFault, NetworkFault
 
-__all__ = ["Bench", "RunOutcome", "observe", "run_scenario"]
+__all__ = ["Bench", "RunOutcome", "judge", "rollout_records", "run_batch", "run_scenario", "run_scenarios"]
 
-Pipeline = Callable[[list[Task], Callable[[Task], Any], Engine], Awaitable[Any]]
+# Firings that make the call they hit fail (a delay, a latency or an abort only slow or shorten it).
+_FAILING_KINDS = frozenset({"raise", "interrupt", "bad_output", "hang", "reset_peer", "timeout"})
 
 
 @dataclass
 class _Served:
     servers: list[Any]
-    model_dir: Path
 
     def kill(self, index: int) -> None:
         self.servers[index].kill()
@@ -73,41 +76,46 @@ class _Served:
 
 @dataclass
 class Bench:
-    """The engines a run shares: one in-process vLLM engine, and served vLLM servers by count.
-
-    A killed server is started again when the next scenario needs it.
+    """The engines a run shares, keyed by what they serve: in-process vLLM engines by (model folder,
+    context length), served vLLM servers by (count, model folder, context length). Endpoints the user
+    runs are not started here. A killed server is started again when the next scenario needs it.
     """
 
     device: Literal["cpu", "cuda"] = "cpu"
     _stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
-    _local: Engine | None = None
-    _served: dict[int, _Served] = field(default_factory=dict)
-    _model_dir: Path | None = None
+    _local: dict[tuple[Path, int], Engine] = field(default_factory=dict)
+    _served: dict[tuple[int, Path, int], _Served] = field(default_factory=dict)
+    _tiny_model: Path | None = None
 
-    def model_dir(self) -> Path:
-        if self._model_dir is None:
+    def model_dir(self, scenario: CompiledScenario) -> Path:
+        """The model folder ``scenario`` runs on: its own, or the bundled tiny model (built once)."""
+        if scenario.model_dir is not None:
+            return scenario.model_dir
+        if self._tiny_model is None:
             from gym_resilience.models import build_tiny_model
 
-            self._model_dir = build_tiny_model()
-        return self._model_dir
+            self._tiny_model = build_tiny_model()
+        return self._tiny_model
 
-    async def local(self, spec: EngineSpec) -> Engine:
-        if self._local is None:
+    async def local(self, model_dir: Path, max_model_len: int) -> Engine:
+        key = (model_dir, max_model_len)
+        if key not in self._local:
             from gym_resilience.engines.vllm import VLLMEngine
 
-            engine = VLLMEngine(self.model_dir(), device=self.device, max_model_len=spec.max_model_len)
-            self._local = await self._stack.enter_async_context(engine)
-        return self._local
+            engine = VLLMEngine(model_dir, device=self.device, max_model_len=max_model_len)
+            self._local[key] = await self._stack.enter_async_context(engine)
+        return self._local[key]
 
-    async def served(self, spec: EngineSpec) -> _Served:
-        if spec.servers not in self._served:
+    async def served(self, servers: int, model_dir: Path, max_model_len: int) -> _Served:
+        key = (servers, model_dir, max_model_len)
+        if key not in self._served:
             from gym_resilience.engines.servers import aservers
 
             pool = await self._stack.enter_async_context(
-                aservers(spec.servers, self.model_dir(), device=self.device, max_model_len=spec.max_model_len)
+                aservers(servers, model_dir, device=self.device, max_model_len=max_model_len)
             )
-            self._served[spec.servers] = _Served(list(pool), self.model_dir())
-        served = self._served[spec.servers]
+            self._served[key] = _Served(list(pool))
+        served = self._served[key]
         await served.revive()
         return served
 
@@ -115,33 +123,12 @@ class Bench:
         await self._stack.aclose()
 
 
-@dataclass
-class RunOutcome:
-    """One run of a scenario's batch: what it produced or raised, and what it left behind."""
-
-    trajectories: list[AnyTrajectory] | None
-    output: BatchOutput | None
-    metrics: dict[str, float]
-    error: BaseException | None
-    wall_s: float
-    envs_unclosed: int
-    firings: list[Any] = field(default_factory=list)
-    spans: list[Any] = field(default_factory=list)
-    failovers: int = 0
-    end_s: float | None = None
-
-
-def _base_factory(scenario: Scenario, tool_url: str | None) -> Callable[[Task], Any]:
-    if scenario.batch.env == "tool_use" and tool_url is not None:
+def _base_factory(scenario: CompiledScenario, tool_url: str | None) -> Callable[[Task], Any]:
+    if scenario.env_factory is not None:
+        return scenario.env_factory
+    if scenario.spec.batch.env == "tool_use" and tool_url is not None:
         return tool_env_factory(tool_url)
     return word_game_factory
-
-
-def _load_pipeline(scenario: Scenario, folder: Path) -> Pipeline:
-    module_name, _, function = (scenario.pipeline or "").partition(":")
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    return getattr(importlib.import_module(module_name), function)  # type: ignore[no-any-return]
 
 
 def _normalise(produced: Any) -> tuple[list[AnyTrajectory] | None, BatchOutput]:
@@ -153,18 +140,24 @@ def _normalise(produced: Any) -> tuple[list[AnyTrajectory] | None, BatchOutput]:
 
 @contextlib.asynccontextmanager
 async def _engine_for(
-    scenario: Scenario, bench: Bench, proxies: contextlib.ExitStack, with_faults: bool, plan: FaultPlan
+    scenario: CompiledScenario, bench: Bench, proxies: contextlib.ExitStack, plan: FaultPlan
 ) -> AsyncIterator[tuple[Engine, Callable[[int], None] | None, Callable[[], int]]]:
-    """The scenario's engine for one run: in-process, or an OpenAIEngine over the served endpoints
-    (through fault proxies when a network fault targets the engine link)."""
-    if scenario.engine.kind == "vllm":
-        yield await bench.local(scenario.engine), None, lambda: 0
+    """The scenario's engine for one run: in-process, or an ``OpenAIEngine`` over the served or given
+    endpoints (each through a fault proxy when a network fault of ``plan`` targets the engine link)."""
+    spec = scenario.spec.engine
+    model_dir = bench.model_dir(scenario)
+    if spec.kind == "vllm":
+        yield await bench.local(model_dir, spec.max_model_len), None, lambda: 0
         return
     from gym_resilience.engines.openai import OpenAIEngine
 
-    served = await bench.served(scenario.engine)
-    urls = [server.url for server in served.servers]
-    faults = _network_faults(scenario, "engine") if with_faults else []
+    kill: Callable[[int], None] | None = None
+    if spec.kind == "served":
+        served = await bench.served(spec.servers, model_dir, spec.max_model_len)
+        urls, kill = [server.url for server in served.servers], served.kill
+    else:
+        urls = list(spec.endpoints or [])
+    faults = plan.network_faults("engine")
     if faults:
         urls = [
             proxies.enter_context(
@@ -172,24 +165,14 @@ async def _engine_for(
             ).url
             for endpoint, url in enumerate(urls)
         ]
-    async with OpenAIEngine(urls, tokenizer_dir=served.model_dir, headers=rollout_headers) as engine:
-        yield engine, served.kill, lambda: engine.stats.failovers
-
-
-def _network_faults(scenario: Scenario, link: str) -> list[tuple[int, NetworkFault]]:
-    return [
-        (index, fault)
-        for index, fault in enumerate(scenario.faults)
-        if isinstance(fault, NetworkFault) and fault.link == link
-    ]
+    async with OpenAIEngine(urls, tokenizer_dir=model_dir, headers=rollout_headers) as engine:
+        yield engine, kill, lambda: engine.stats.failovers
 
 
 async def run_batch(
-    scenario: Scenario,
-    folder: Path,
+    scenario: CompiledScenario,
     bench: Bench,
     *,
-    tasks: list[Task],
     config: RunnerConfig,
     with_faults: bool,
     workdir: Path,
@@ -197,24 +180,26 @@ async def run_batch(
     """Run the scenario's batch once, with or without its faults; never raises what the batch raised."""
     label = "faulted" if with_faults else "baseline"
     plan = FaultPlan(
-        list(scenario.faults) if with_faults else [],
-        seed=scenario.seed,
+        scenario.faults if with_faults else [],
+        seed=scenario.spec.seed,
         log_path=workdir / f"{label}-firings.jsonl",
         start=time.time(),
+        exceptions=scenario.exceptions if with_faults else None,
     )
     spans = SpanLog(workdir / f"{label}-spans.jsonl", start=plan.start)
     ledger = EnvLedger(workdir / f"{label}-envs.jsonl")
+    tasks = list(scenario.tasks)
     index_of = {task.instance_id: index for index, task in enumerate(tasks)}
     interrupts = with_faults and any(getattr(f, "kind", "") == "interrupt" for f in scenario.faults)
     with contextlib.ExitStack() as stack:
         tool_url = None
-        if scenario.batch.env == "tool_use":
+        if scenario.spec.batch.env == "tool_use":
             tool_url = stack.enter_context(ToolServer()).url
-            tool_faults = _network_faults(scenario, "tool") if with_faults else []
+            tool_faults = plan.network_faults("tool")
             if tool_faults:
                 tool_url = stack.enter_context(FaultProxy(tool_url, tool_faults, plan)).url
         factory = ledger.factory(FaultyEnvFactory(_base_factory(scenario, tool_url), plan, index_of, spans))
-        async with _engine_for(scenario, bench, stack, with_faults, plan) as (engine, kill, failovers):
+        async with _engine_for(scenario, bench, stack, plan) as (engine, kill, failovers):
             faulty = FaultyEngine(engine, plan, kill=kill, spans=spans)
             before = failovers()
             start = time.perf_counter()
@@ -223,9 +208,8 @@ async def run_batch(
             metrics: dict[str, float] = {}
             error: BaseException | None = None
             try:
-                if scenario.pipeline:
-                    produced = await _load_pipeline(scenario, folder)(tasks, factory, faulty)
-                    trajectories, output = _normalise(produced)
+                if scenario.pipeline is not None:
+                    trajectories, output = _normalise(await scenario.pipeline(tasks, factory, faulty))
                 else:
                     result = await BatchRunner(faulty, factory, config).generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
@@ -242,6 +226,7 @@ async def run_batch(
         metrics=metrics,
         error=error,
         wall_s=wall_s,
+        envs_created=ledger.created(),
         envs_unclosed=ledger.unclosed(),
         firings=read_firings(plan.log_path),
         spans=spans.read(),
@@ -250,34 +235,7 @@ async def run_batch(
     )
 
 
-def _placeholder_count(outcome: RunOutcome) -> int | None:
-    if outcome.output is None:
-        return None
-    return sum(1 for flag in outcome.output.is_placeholder if flag)
-
-
-def _validator_passes(output: BatchOutput | None, num_prompts: int, step_wise: bool) -> bool:
-    if output is None:
-        return False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            validate_batch_output(output, num_prompts, step_wise=step_wise)
-    except OutputValidationError:
-        return False
-    return True
-
-
-def _logprobs_per_token(output: BatchOutput | None) -> bool:
-    if output is None or output.rollout_logprobs is None:
-        return False
-    return all(
-        len(lps) == len(ids) and all(math.isfinite(lp) and lp <= 0 for lp in lps)
-        for lps, ids in zip(output.rollout_logprobs, output.response_ids, strict=True)
-    )
-
-
-def _latency_per_rollout(scenario: Scenario, firings: Sequence[FaultFiring]) -> float | None:
+def _latency_per_rollout(scenario: CompiledScenario, firings: Sequence[FaultFiring]) -> float | None:
     """The most network latency the faults injected into one rollout's requests, which run one after
     another (each delayed request waited at least ``latency_s``); None when no latency hit a rollout."""
     totals: dict[int, float] = {}
@@ -288,147 +246,219 @@ def _latency_per_rollout(scenario: Scenario, firings: Sequence[FaultFiring]) -> 
     return max(totals.values(), default=None)
 
 
-def observe(
-    scenario: Scenario,
-    baseline: RunOutcome,
-    faulted: RunOutcome,
-    *,
-    num_prompts: int,
-    step_wise: bool,
-    comparison: Comparison,
-) -> dict[str, Any]:
-    """Every probe's observation of one scenario (None where a probe has nothing to observe)."""
-    output = faulted.output
-    latency = _latency_per_rollout(scenario, faulted.firings)
-    masked = None
-    if output is not None and not step_wise:
-        masked = len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
-    observations: dict[str, Any] = {
-        "batch_size": len(output) if output is not None else None,
-        "validator_passes": _validator_passes(output, num_prompts, step_wise),
-        "failed": _placeholder_count(faulted),
-        "placeholders": _placeholder_count(faulted),
-        "envs_unclosed": baseline.envs_unclosed + faulted.envs_unclosed,
-        "identical_to_baseline": comparison.identical,
-        "numerical_ties": len(comparison.ties) if comparison.identical is not None else None,
-        "error_type": type(faulted.error).__name__ if faulted.error is not None else "none",
-        "wall_time_ratio": faulted.wall_s / baseline.wall_s if baseline.wall_s > 0 else None,
-        "wall_over_injected_latency": faulted.wall_s / latency if latency else None,
-        "retries": faulted.metrics.get("retries", 0.0),
-        "retries_succeeded": faulted.metrics.get("retries/succeeded", 0.0),
-        "failovers": faulted.failovers,
-        "faults_fired": len(faulted.firings),
-        "masked_groups": masked,
-        "token_level_rewards": output is not None and all(isinstance(r, list) for r in output.rewards),
-        "logprobs_per_token": _logprobs_per_token(output),
-    }
-    for key, value in faulted.metrics.items():
-        observations[f"metrics.{key}"] = value
-    return observations
-
-
-def _outcome_probe(scenario: Scenario, faulted: RunOutcome) -> ProbeResult:
-    expect = scenario.expect
+def _outcome_probe(scenario: CompiledScenario, faulted: RunOutcome) -> ProbeResult:
+    expect = scenario.spec.expect
     observed = "completes" if faulted.error is None else f"raises {type(faulted.error).__name__}"
-    if expect.outcome == "completes":
+    if scenario.expected_error is None:
         return ProbeResult("outcome", "completes", observed, faulted.error is None)
-    expected_type = resolve_exception(expect.error or "")
-    held = faulted.error is not None and isinstance(faulted.error, expected_type)
+    held = isinstance(faulted.error, scenario.expected_error)
     return ProbeResult("outcome", f"raises {expect.error}", observed, held)
 
 
-async def run_scenario(path: Path, scenario: Scenario, bench: Bench) -> ScenarioResult:
+def _spec_as_run(scenario: CompiledScenario) -> dict[str, Any]:
+    """The scenario as the journal keeps it (``chaos record`` reads it): what the file says, with the
+    folders it names made absolute, so a scenario recorded from it into another folder still finds them."""
+    spec = scenario.spec
+    data = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    folder = scenario.file.parent.absolute()
+    if scenario.model_dir is not None:
+        data["model"] = str(scenario.model_dir)
+    if isinstance(spec.batch.tasks, str) and spec.batch.tasks.endswith(".jsonl"):
+        data["batch"]["tasks"] = str(folder / Path(spec.batch.tasks).expanduser())
+    if spec.python_path or _names_user_code(scenario):
+        extra = [str(folder / Path(entry).expanduser()) for entry in spec.python_path]
+        data["python_path"] = [str(folder), *extra]
+    return data
+
+
+def _names_user_code(scenario: CompiledScenario) -> bool:
+    """Whether the scenario imports the user's modules (a ``module:name`` anywhere)."""
+    spec = scenario.spec
+    retry = spec.runner.get("retry")
+    names = [spec.pipeline, spec.batch.env, spec.batch.tasks, spec.expect.error]
+    names += [getattr(fault, "exception", None) for fault in spec.faults]
+    names += list(retry.get("retry_on", [])) if isinstance(retry, dict) else []
+    return any(isinstance(name, str) and ":" in name for name in names)
+
+
+async def run_scenario(scenario: CompiledScenario, bench: Bench) -> ScenarioResult:
     """Run one scenario (baseline, then faulted) and judge it; harness failures become status 'error'."""
-    result = ScenarioResult(file=str(path), title=scenario.title, status="error")
-    result.spec = scenario.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     try:
         # Greedy, so the runs can be compared token for token; logprobs, so a numerical tie between
         # two tokens can be told from a real difference (harness.compare).
-        config = dataclasses.replace(runner_config(scenario), temperature=0.0, logprobs=True)
-        seed = scenario.batch.seed if scenario.batch.seed is not None else scenario.seed
-        tasks = generate_tasks(scenario.batch.tasks, seed=seed, env=scenario.batch.env)
+        config = dataclasses.replace(scenario.config, temperature=0.0, logprobs=True)
         with tempfile.TemporaryDirectory(prefix="gym-resilience-chaos-") as tmp:
-            runs = {}
-            for with_faults in (False, True):
-                runs[with_faults] = await run_batch(
-                    scenario,
-                    path.parent,
-                    bench,
-                    tasks=tasks,
-                    config=config,
-                    with_faults=with_faults,
-                    workdir=Path(tmp),
+            runs = {
+                with_faults: await run_batch(
+                    scenario, bench, config=config, with_faults=with_faults, workdir=Path(tmp)
                 )
-        baseline, faulted = runs[False], runs[True]
-        comparison = compare_outputs(baseline.output, faulted.output)
-        observations = observe(
-            scenario,
-            baseline,
-            faulted,
-            num_prompts=len(tasks) * config.n_samples_per_prompt,
-            step_wise=config.step_wise,
-            comparison=comparison,
-        )
-        details = {"identical_to_baseline": comparison.describe(), "numerical_ties": comparison.describe()}
-        probes = [_outcome_probe(scenario, faulted)]
-        probes += [
-            ProbeResult(
-                p.probe,
-                p.describe(),
-                observations.get(p.probe),
-                p.holds(observations.get(p.probe)),
-                details.get(p.probe, ""),
-            )
-            for p in scenario.probes
-        ]
-        result.probes = probes
-        result.firings = faulted.firings
-        result.rollouts = build_rollout_spans(
-            faulted.spans, len(tasks) * config.n_samples_per_prompt, until_s=faulted.end_s
-        )
-        _mark_placeholders(result, faulted)
-        result.outcome = probes[0].observed
-        result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s
-        result.status = "held" if all(p.held for p in probes) else "deviated"
-        if baseline.error is not None:
-            result.message = (
-                f"the fault-free baseline failed: {type(baseline.error).__name__}: {baseline.error}"
-            )
-            result.status = "error"
+                for with_faults in (False, True)
+            }
+        return judge(scenario, config, runs[False], runs[True])
     except Exception as exc:
+        result = ScenarioResult(file=str(scenario.file), title=scenario.title, status="error")
+        result.spec = _spec_as_run(scenario)
+        result.message = describe_exception(root_cause(exc))
+        return result
+
+
+def judge(
+    scenario: CompiledScenario, config: RunnerConfig, baseline: RunOutcome, faulted: RunOutcome
+) -> ScenarioResult:
+    """The result of a scenario's two runs: probes, firings, each rollout's calls and fate, status.
+
+    Every report reads this one result, so the journal, JUnit and the timelines cannot disagree.
+    """
+    result = ScenarioResult(file=str(scenario.file), title=scenario.title, status="error")
+    result.spec = _spec_as_run(scenario)
+    samples = 1 if scenario.pipeline is not None else config.n_samples_per_prompt
+    n_rollouts = len(scenario.tasks) * samples
+    comparison = compare_outputs(baseline.output, faulted.output)
+    observations = observe(
+        Runs(
+            baseline=baseline,
+            faulted=faulted,
+            comparison=comparison,
+            num_prompts=len(scenario.tasks) * config.n_samples_per_prompt,
+            step_wise=config.step_wise,
+            injected_latency_s=_latency_per_rollout(scenario, faulted.firings),
+        )
+    )
+    details = {"identical_to_baseline": comparison.describe(), "numerical_ties": comparison.describe()}
+    probes = [_outcome_probe(scenario, faulted)]
+    probes += [
+        ProbeResult(
+            p.probe,
+            p.describe(),
+            observations.get(p.probe),
+            p.holds(observations.get(p.probe)),
+            details.get(p.probe, ""),
+        )
+        for p in scenario.spec.probes
+    ]
+    index_of = {task.instance_id: index for index, task in enumerate(scenario.tasks)}
+    result.probes = probes
+    result.firings = faulted.firings
+    result.rollouts = rollout_records(faulted, n_rollouts, index_of, samples)
+    result.baseline_rollouts = rollout_records(baseline, n_rollouts, index_of, samples)
+    result.outcome = probes[0].observed
+    result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s
+    result.status = "held" if all(p.held for p in probes) else "deviated"
+    if baseline.error is not None:
         result.status = "error"
-        result.message = f"{type(exc).__name__}: {exc}"
+        result.message = f"the fault-free baseline failed: {describe_exception(root_cause(baseline.error))}"
+    elif _env_faults_unreachable(scenario, faulted):
+        result.status = "error"
+        result.message = (
+            "the env faults could not fire: the pipeline built no env with the env_factory it was given "
+            "(build every env with env_factory(task), so that faults and the env ledger reach it)"
+        )
     return result
 
 
-def _mark_placeholders(result: ScenarioResult, faulted: RunOutcome) -> None:
-    if faulted.trajectories is None:
-        return
-    for span, trajectory in zip(result.rollouts, faulted.trajectories, strict=False):
-        span.placeholder = trajectory.is_placeholder
-        failure = getattr(trajectory, "failure", None)
+def _env_faults_unreachable(scenario: CompiledScenario, faulted: RunOutcome) -> bool:
+    env_faults = {index for index, fault in enumerate(scenario.faults) if isinstance(fault, EnvFault)}
+    fired = any(firing.fault in env_faults for firing in faulted.firings)
+    return scenario.pipeline is not None and bool(env_faults) and not fired and faulted.envs_created == 0
+
+
+def rollout_records(
+    outcome: RunOutcome, n_rollouts: int, index_of: Mapping[str, int], samples: int
+) -> list[RolloutSpan]:
+    """Each rollout of a run: its calls (from the span log), whether a placeholder stands in for it (the
+    batch's ``is_placeholder`` column, whoever built the batch) and why it failed (the trajectory's
+    failure, else the fault that broke its last call).
+
+    A row's rollout is ``task index x samples + repetition`` by its trajectory id, or its position in
+    the batch when it has none (``samples``: rollouts per task; 1 for a user pipeline).
+    """
+    rollouts = build_rollout_spans(outcome.spans, n_rollouts, until_s=outcome.end_s)
+    output = outcome.output
+    if output is not None:
+        for row, index in enumerate(_row_rollouts(output, index_of, samples)):
+            if 0 <= index < n_rollouts and output.is_placeholder[row]:
+                rollouts[index].placeholder = True
+    failures = _failures(outcome.trajectories or [], index_of, samples)
+    for record in rollouts:
+        error = failures.get(record.index)
+        if error is None and (record.placeholder or outcome.error is not None):
+            error = _injected_failure(outcome.firings, record.index)
+        record.error = error
+    return rollouts
+
+
+def _rollout_of(trajectory_id: Any, fallback: int, index_of: Mapping[str, int], samples: int) -> int:
+    instance_id = getattr(trajectory_id, "instance_id", None)
+    repetition = getattr(trajectory_id, "repetition", 0)
+    if (
+        isinstance(instance_id, str)
+        and instance_id in index_of
+        and isinstance(repetition, int)
+        and 0 <= repetition < samples
+    ):
+        return index_of[instance_id] * samples + repetition
+    return fallback
+
+
+def _row_rollouts(output: BatchOutput, index_of: Mapping[str, int], samples: int) -> list[int]:
+    """The rollout of each row of ``output`` (a step-wise rollout's rows end at ``is_last_step``)."""
+    rollouts = []
+    position = 0
+    for row in range(len(output)):
+        trajectory_id = output.trajectory_ids[row] if row < len(output.trajectory_ids) else None
+        rollouts.append(_rollout_of(trajectory_id, position, index_of, samples))
+        last = output.is_last_step[row] if output.is_last_step is not None else True
+        position += 1 if last else 0
+    return rollouts
+
+
+def _failures(
+    trajectories: Sequence[AnyTrajectory], index_of: Mapping[str, int], samples: int
+) -> dict[int, str]:
+    """``Type: message`` (the message ends with the root cause) of each failed rollout's failure record."""
+    failures: dict[int, str] = {}
+    for position, trajectory in enumerate(trajectories):
+        steps = trajectory.steps if isinstance(trajectory, StepWiseTrajectory) else [trajectory]
+        failure = next((step.failure for step in steps if step.failure is not None), None)
         if failure is not None:
-            span.error = f"{failure.error_type}: {failure.message}"
+            rollout = _rollout_of(trajectory.trajectory_id, position, index_of, samples)
+            failures[rollout] = f"{failure.error_type}: {failure.message}"
+    return failures
+
+
+def _injected_failure(firings: Sequence[FaultFiring], rollout: int) -> str | None:
+    """What the last fault that broke a call of ``rollout`` did (``step raised ConnectionError: ...``)."""
+    hits = [f for f in firings if f.rollout == rollout and f.kind in _FAILING_KINDS]
+    if not hits:
+        return None
+    last = max(hits, key=lambda f: (f.attempt or 0, f.at_s))
+    return f"{last.detail} (fault {last.fault})"
 
 
 async def run_scenarios(
-    scenarios: Sequence[tuple[Path, Scenario]],
+    scenarios: Sequence[CompiledScenario],
     *,
     device: Literal["cpu", "cuda"] = "cpu",
-    on_start: Callable[[Path, Scenario], None] | None = None,
+    fail_fast: bool = False,
+    on_start: Callable[[CompiledScenario], None] | None = None,
     on_finish: Callable[[ScenarioResult], None] | None = None,
 ) -> list[ScenarioResult]:
-    """Run scenarios in order on one shared ``Bench``; the engines are shut down at the end."""
+    """Run scenarios in order on one shared ``Bench``; the engines are shut down at the end.
+
+    With ``fail_fast`` the run stops after the first scenario that did not hold.
+    """
     bench = Bench(device=device)
     results: list[ScenarioResult] = []
     try:
-        for path, scenario in scenarios:
+        for scenario in scenarios:
             if on_start is not None:
-                on_start(path, scenario)
-            result = await run_scenario(path, scenario, bench)
+                on_start(scenario)
+            result = await run_scenario(scenario, bench)
             results.append(result)
             if on_finish is not None:
                 on_finish(result)
+            if fail_fast and result.status != "held":
+                break
     finally:
         await bench.aclose()
     return results

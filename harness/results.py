@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "EndpointSpan",
     "FaultFiring",
     "ProbeResult",
     "RolloutSpan",
@@ -36,6 +37,9 @@ class FaultFiring:
     turn: int | None
     detail: str
     at_s: float
+    endpoint: int | None = None
+    """The served endpoint it hit (a ``kill``'s server, the endpoint behind an engine-link proxy);
+    None when it hit no one endpoint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,19 @@ class RolloutSpan:
 
 
 @dataclass(slots=True)
+class EndpointSpan:
+    """One served vLLM endpoint of the faulted run, by its index in the engine's URL list (its URL is
+    left out: the port changes from run to run): when it was out of rotation, and when a request it
+    failed moved to another endpoint. Both are measurements, hence ``*_s``."""
+
+    index: int
+    down_s: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of each stretch out of rotation; one still out when the run ended ends there."""
+    failovers_s: list[float] = field(default_factory=list)
+    """When each request it failed was sent to another endpoint."""
+
+
+@dataclass(slots=True)
 class ScenarioResult:
     """The outcome of one scenario file; ``spec`` is the scenario as run (``chaos record`` reads it)."""
 
@@ -88,6 +105,10 @@ class ScenarioResult:
     baseline_s: float = 0.0
     faulted_s: float = 0.0
     spec: dict[str, Any] = field(default_factory=dict)
+    baseline_rollouts: list[RolloutSpan] = field(default_factory=list)
+    """The fault-free baseline run's rollouts, built as ``rollouts`` is from the faulted run."""
+    endpoints: list[EndpointSpan] = field(default_factory=list)
+    """The faulted run's served endpoints; empty for an in-process engine."""
 
     def deviations(self) -> list[ProbeResult]:
         return [probe for probe in self.probes if not probe.held]

@@ -1,17 +1,27 @@
-"""The typed form of a chaos scenario file (DESIGN.md §6): what to run, which faults, what must hold.
+"""The typed form of a chaos scenario file: what to run, which faults, what must hold.
 
 Models are frozen and reject unknown fields, so a typo in a scenario file is an error, not a silently
-ignored key. Loading (YAML, line numbers, one clear error) lives in ``harness.loader``.
+ignored key. They check what a value alone shows; what needs imports, files or other fields (a user's
+env factory, a model folder, a fault that fits its engine) is checked when the scenario is compiled
+(``harness.compile``, ``harness.rules``). Loading (YAML, line numbers, every problem) lives in
+``harness.loader``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import ipaddress
+from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness.messages import did_you_mean, show, split_import_path
+from harness.probes import METRICS_PREFIX, PROBES, is_probe
 
 __all__ = [
+    "BUNDLED_ENVS",
     "MAX_DELAY_S",
+    "MAX_TASKS",
     "PROBES",
     "BatchSpec",
     "ConnectionTargeting",
@@ -26,6 +36,12 @@ __all__ = [
     "Targeting",
 ]
 
+
+BUNDLED_ENVS: Final = ("word_game", "tool_use")
+"""The envs gym_resilience bundles, by the names ``batch.env`` gives them."""
+
+MAX_TASKS: Final = 512
+"""The most tasks the bundled generator makes for one batch."""
 
 MAX_DELAY_S = 3600.0
 """The longest delay or latency a fault may add: a run of the suite is minutes, so more is a typo (a
@@ -136,20 +152,95 @@ class NetworkFault(_Model):
 Fault = Annotated[EnvFault | EngineFault | NetworkFault, Field(discriminator="target")]
 
 
-class EngineSpec(_Model):
-    """The engine: in-process vLLM, or ``servers`` vLLM OpenAI servers behind ``OpenAIEngine``."""
+def _loopback_url(url: str) -> str:
+    """``url`` if it is ``http://`` on a loopback address with a port: the harness sends network traffic
+    only to this machine."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port, parts = None, None, None
+    if parts is None or parts.scheme != "http" or host is None or port is None:
+        raise ValueError(f"expected an http://HOST:PORT URL, got {show(url)}")
+    if host != "localhost" and not _is_loopback_address(host):
+        raise ValueError(
+            f"endpoint {url!r} is not on loopback: the harness sends network traffic only to this machine "
+            "(127.0.0.1, ::1, localhost); run the server here, or forward a loopback port to it"
+        )
+    return url.rstrip("/")
 
-    kind: Literal["vllm", "served"] = "vllm"
+
+def _is_loopback_address(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class EngineSpec(_Model):
+    """The engine: in-process vLLM, ``servers`` vLLM OpenAI servers the harness starts, or OpenAI-compatible
+    ``endpoints`` the user already runs on loopback; the last two behind ``OpenAIEngine``."""
+
+    kind: Literal["vllm", "served", "openai"] = "vllm"
     servers: Annotated[int, Field(ge=1, le=4)] = 1
+    endpoints: list[Annotated[str, AfterValidator(_loopback_url)]] | None = None
     max_model_len: Annotated[int, Field(ge=64)] = 512
+
+    @property
+    def proxied_endpoints(self) -> int:
+        """How many endpoints an engine-link fault proxy can sit in front of (0: in-process)."""
+        if self.kind == "served":
+            return self.servers
+        return len(self.endpoints or []) if self.kind == "openai" else 0
 
 
 class BatchSpec(_Model):
-    """The batch: ``tasks`` tasks for one of the bundled envs, generated from ``seed``."""
+    """The batch: its env and its tasks.
 
-    env: Literal["word_game", "tool_use"] = "word_game"
-    tasks: Annotated[int, Field(ge=1, le=512)] = 8
+    ``env`` is a bundled env's name or a user's env factory, ``module:name``. ``tasks`` is a count for
+    the bundled generator (seeded by ``seed``), a user's task loader (``module:name``), or a ``.jsonl``
+    file of tasks (relative to the scenario file).
+    """
+
+    env: str = "word_game"
+    tasks: int | str = 8
     seed: int | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _bundled_or_import_path(cls, env: str) -> str:
+        if env in BUNDLED_ENVS:
+            return env
+        if ":" not in env:
+            raise ValueError(
+                f"unknown env {env!r}: expected word_game, tool_use, or an env factory 'module:name'"
+                + did_you_mean(env, BUNDLED_ENVS)
+            )
+        split_import_path(env, "an env factory")
+        return env
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _count_loader_or_file(cls, tasks: Any) -> Any:
+        expected = (
+            f"expected a number of tasks in [1, {MAX_TASKS}], a task loader 'module:name', or a .jsonl file"
+        )
+        if isinstance(tasks, bool) or not isinstance(tasks, int | str):
+            raise ValueError(f"{expected}, got {show(tasks)}")
+        if isinstance(tasks, int) and not 1 <= tasks <= MAX_TASKS:
+            raise ValueError(f"{expected}, got {tasks}")
+        if isinstance(tasks, str) and not tasks.endswith(".jsonl"):
+            if ":" not in tasks:
+                raise ValueError(f"{expected}, got {show(tasks)}")
+            split_import_path(tasks, "a task loader")
+        return tasks
+
+    @property
+    def bundled_env(self) -> Literal["word_game", "tool_use"] | None:
+        """The bundled env's name, or None for a user's env factory."""
+        if self.env == "word_game":
+            return "word_game"
+        return "tool_use" if self.env == "tool_use" else None
 
 
 class Expect(_Model):
@@ -165,32 +256,6 @@ class Expect(_Model):
         if self.outcome == "completes" and self.error:
             raise ValueError("'error' only goes with outcome 'raises'")
         return self
-
-
-PROBES: dict[str, str] = {
-    "batch_size": "trajectories in the faulted batch",
-    "validator_passes": "the faulted batch passes validate_batch_output",
-    "failed": "rollouts that failed (placeholders stand in for them)",
-    "placeholders": "placeholder trajectories in the faulted batch",
-    "envs_unclosed": "envs created but never closed, over both runs",
-    "identical_to_baseline": (
-        "every successful trajectory equals the fault-free run's, token for token (up to numerical ties)"
-    ),
-    "error_type": "the type name of the error the faulted run raised (none: it completed)",
-    "wall_time_ratio": "faulted run's wall time / fault-free run's (machine load moves it: see the docs)",
-    "wall_over_injected_latency": (
-        "faulted run's wall time / the most network latency injected into one rollout (>= 1: it was applied)"
-    ),
-    "numerical_ties": "successful trajectories that left the baseline at a numerical tie of two tokens",
-    "retries": "rollout retries in the faulted run",
-    "retries_succeeded": "retried rollouts that then succeeded",
-    "failovers": "requests a served engine moved to another endpoint",
-    "faults_fired": "times any fault fired",
-    "masked_groups": "groups whose loss masks mask_group zeroed",
-    "token_level_rewards": "every reward is a per-token list",
-    "logprobs_per_token": "every row has one finite logprob <= 0 per response token",
-}
-"""Every probe a scenario may name, and what it observes. ``metrics.<key>`` reads a runner metric."""
 
 
 class Probe(_Model):
@@ -211,9 +276,14 @@ class Probe(_Model):
 
     @model_validator(mode="after")
     def _one_known_probe_one_tolerance(self) -> Probe:
-        if self.probe not in PROBES and not (self.probe.startswith("metrics.") and self.probe != "metrics."):
+        if self.probe == METRICS_PREFIX:
+            raise ValueError("probe 'metrics.' names no metric: write metrics.<key>, the runner metric's key")
+        if not is_probe(self.probe):
             known = ", ".join(sorted(PROBES))
-            raise ValueError(f"unknown probe {self.probe!r}; expected one of {known}, or metrics.<key>")
+            raise ValueError(
+                f"unknown probe {self.probe!r}"
+                + (did_you_mean(self.probe, PROBES) or f"; expected one of {known}, or metrics.<key>")
+            )
         given = [name for name in ("eq", "lte", "gte", "range", "is_") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(
@@ -253,11 +323,14 @@ class Probe(_Model):
 
 
 class Scenario(_Model):
-    """One chaos scenario: run ``batch`` on ``engine`` with ``runner`` settings (RunnerConfig fields),
-    fault-free and then with ``faults``, and check ``expect`` and ``probes``.
+    """One chaos scenario: run ``batch`` on ``engine`` (serving ``model``) with ``runner`` settings
+    (RunnerConfig fields), fault-free and then with ``faults``, and check ``expect`` and ``probes``.
 
-    ``pipeline`` names a user's rollout function (``module:function``) to run instead of BatchRunner:
+    ``pipeline`` names a user's rollout function (``module:name``) to run instead of BatchRunner:
     ``async def fn(tasks, env_factory, engine) -> list[Trajectory | StepWiseTrajectory] | BatchOutput``.
+    ``model`` is a Hugging Face model folder (relative to the scenario file); None is the bundled tiny
+    model. ``python_path`` lists more folders (relative to the scenario file) to import the user's
+    modules from, after the scenario's own folder.
     """
 
     title: str
@@ -266,6 +339,8 @@ class Scenario(_Model):
     seed: int = 0
     batch: BatchSpec = BatchSpec()
     engine: EngineSpec = EngineSpec()
+    model: str | None = None
+    python_path: list[str] = []
     runner: dict[str, Any] = {}
     pipeline: str | None = None
     faults: list[Fault] = []
@@ -277,7 +352,5 @@ class Scenario(_Model):
     @classmethod
     def _pipeline_is_an_import_path(cls, pipeline: str | None) -> str | None:
         if pipeline is not None:
-            module, _, function = pipeline.partition(":")
-            if not module or not function:
-                raise ValueError(f"pipeline must be 'module:function', got {pipeline!r}")
+            split_import_path(pipeline, "pipeline")
         return pipeline

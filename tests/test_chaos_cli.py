@@ -68,44 +68,6 @@ def test_the_gpu_tox_env_runs_the_same_suite_with_the_cuda_package_and_device() 
     assert 'vllm = ["vllm"]' in pyproject
 
 
-@pytest.mark.slow
-def test_a_deviating_scenario_exits_1_and_the_journal_shows_observed_against_expected(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    scenario = tmp_path / "scenarios" / "impossible.yaml"
-    scenario.parent.mkdir()
-    scenario.write_text(IMPOSSIBLE)
-    journal = tmp_path / "journal.json"
-    junit = tmp_path / "junit.xml"
-    runs = tmp_path / "runs"
-    argv = [
-        "chaos",
-        "run",
-        str(scenario),
-        "--journal",
-        str(journal),
-        "--junit",
-        str(junit),
-        "--out",
-        str(runs),
-    ]
-    assert main(argv) == 1
-    data = json.loads(journal.read_text())
-    assert data["status"] == "deviated"
-    probes = {p["probe"]: p for p in data["scenarios"][0]["probes"]}
-    placeholders = probes["placeholders"]
-    assert (placeholders["expected"], placeholders["observed"], placeholders["held"]) == ("== 3", 1, False)
-    assert probes["envs_unclosed"]["held"] is True
-    assert 'failures="1"' in junit.read_text()
-    # The timelines, not overridden, went to the run's own folder; the overridden reports are listed.
-    (folder,) = runs.iterdir()
-    assert [p.name for p in folder.iterdir()] == ["plots"]
-    assert [p.name for p in (folder / "plots").iterdir()] == ["impossible.png"]
-    out, err = capsys.readouterr()
-    assert out.splitlines()[-3:] == [f"reports: {folder}", f"journal: {journal}", f"JUnit XML: {junit}"]
-    assert "gym-resilience: starting vLLM on cpu" in err
-
-
 def run_folder(out: str) -> Path:
     """The run folder a ``chaos run`` printed."""
     (line,) = [line for line in out.splitlines() if line.startswith("reports: ")]
@@ -143,8 +105,20 @@ def test_two_runs_keep_their_own_reports_with_the_same_journal_and_record_replay
     assert main(["chaos", "record", str(first), "--scenario", "20_random_failures", "-o", str(recorded)]) == 0
     spec = yaml.safe_load(recorded.read_text())
     assert all("probability" not in fault["when"] for fault in spec["faults"])
+    # --keep-going runs the valid file beside an invalid one, reports both, and still exits 2.
+    broken = recorded.parent / "broken.yaml"
+    broken.write_text("title: broken\nfaults: [{target: env, kind: explode}]\n")
     replayed = tmp_path / "replayed.json"
-    assert main(["chaos", "run", str(recorded), "--journal", str(replayed), "--out", str(runs)]) == 0
+    argv = ["chaos", "run", str(recorded), str(broken), "--keep-going", "--journal", str(replayed)]
+    assert main([*argv, "--out", str(runs)]) == 2
+    err = capsys.readouterr().err
+    problem = (
+        f"{broken}:2 at faults[0].kind: expected one of 'raise', 'delay', 'hang', 'interrupt', 'bad_output', "
+        "got 'explode'"
+    )
+    assert f"invalid scenario: {problem}\n" in err
+    statuses = [(r["file"], r["status"], r["message"]) for r in json.loads(replayed.read_text())["scenarios"]]
+    assert statuses == [(str(broken), "invalid", problem), (str(recorded), "held", "")]
 
     def failed_rollouts(journal: Path, title_prefix: str) -> list[tuple[int, str | None]]:
         result = next(
@@ -202,6 +176,49 @@ def test_ctrl_c_during_a_run_exits_130_and_the_journal_keeps_the_scenarios_that_
 def test_record_refuses_a_journal_with_no_fired_faults() -> None:
     with pytest.raises(ValueError, match="expected exactly one scenario with fault firings, found 0"):
         record_scenario({"scenarios": [{"file": "a.yaml", "firings": [], "spec": {}}]})
+
+
+def recorded_journal(*files: str) -> dict[str, object]:
+    fault = {"target": "env", "kind": "raise", "when": {"probability": 0.5}}
+    firing = {"fault": 0, "rollout": 3, "attempt": 0, "turn": 1}
+    return {
+        "scenarios": [
+            {"file": file, "firings": [firing], "spec": {"title": f"T{n}", "faults": [fault]}}
+            for n, file in enumerate(files)
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("chosen", "title"),
+    [
+        ("scenarios/09_tool_server_connection_reset.yaml", "Replay of: T0"),
+        ("./scenarios/09_tool_server_connection_reset.yaml", "Replay of: T0"),
+        ("other/09_tool_server_connection_reset.yaml", "Replay of: T1"),
+        ("20_random_failures", "Replay of: T2"),
+        ("20_random_failures.yaml", "Replay of: T2"),
+    ],
+)
+def test_record_finds_the_scenario_by_the_path_the_run_printed_or_by_its_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str, title: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    journal = recorded_journal(
+        "scenarios/09_tool_server_connection_reset.yaml",
+        "other/09_tool_server_connection_reset.yaml",
+        str(tmp_path / "scenarios" / "20_random_failures.yaml"),
+    )
+    assert record_scenario(journal, chosen)["title"] == title
+
+
+def test_record_by_a_file_name_two_scenarios_share_names_them_both() -> None:
+    journal = recorded_journal("scenarios/09_reset.yaml", "other/09_reset.yaml")
+    with pytest.raises(ValueError) as caught:
+        record_scenario(journal, "09_reset.yaml")
+    assert str(caught.value) == (
+        "expected exactly one scenario with fault firings, found 2 (scenarios/09_reset.yaml, "
+        "other/09_reset.yaml); name one with --scenario"
+    )
 
 
 def test_pytest_collects_every_scenario_file_as_one_item() -> None:
@@ -266,6 +283,15 @@ def test_validate_checks_every_file_and_reports_each_invalid_one_on_its_own_line
     shutil.copy(INVALID_DIR / "pipeline_exits_on_import.yaml", tmp_path / "a.yaml")
     shutil.copy(INVALID_DIR / "pipeline_interrupts_on_import.yaml", tmp_path / "b.yaml")
     (tmp_path / "c.yaml").write_text("title: t\nfualts: []\n")
+    (tmp_path / "d.yaml").write_text(
+        "title: three problems\n"
+        "runner: {retry: {attempts: 0}}\n"
+        "faults:\n"
+        "  - {target: env, kind: raise, exception: ConectionError}\n"
+        "  - {target: network, kind: timeout, link: engine}\n"
+        "probes:\n"
+        "  - {probe: placeholder, eq: 1}\n"
+    )
     valid = valid_scenario(tmp_path)
     assert main(["chaos", "validate", str(tmp_path), str(tmp_path / "missing.yaml")]) == 2
     out, err = capsys.readouterr()
@@ -278,19 +304,33 @@ def test_validate_checks_every_file_and_reports_each_invalid_one_on_its_own_line
         "raised KeyboardInterrupt",
         f"invalid scenario: {tmp_path / 'c.yaml'}:2 at fualts: unknown field 'fualts'; "
         "did you mean 'faults'?",
+        f"invalid scenario: {tmp_path / 'd.yaml'}:2 at runner.retry.attempts: must be an int >= 1, got 0",
+        f"invalid scenario: {tmp_path / 'd.yaml'}:4 at faults[0].exception: unknown exception "
+        "'ConectionError': expected a built-in exception, a gym_resilience error, or module:Name; did you "
+        "mean 'ConnectionError'?",
+        f"invalid scenario: {tmp_path / 'd.yaml'}:5 at faults[1].link: link 'engine' needs an engine behind "
+        "HTTP (engine.kind: served or openai): the fault proxy sits on the connections to its endpoints, "
+        "and engine.kind is 'vllm'",
+        f"invalid scenario: {tmp_path / 'd.yaml'}:7 at probes[0]: unknown probe 'placeholder'; did you mean "
+        "'placeholders'?",
     ]
 
 
-def test_run_refuses_a_suite_with_an_invalid_file_before_vllm_starts(
+def test_run_refuses_a_folder_with_one_invalid_file_reporting_its_every_problem_before_vllm_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     valid_scenario(tmp_path)
-    (tmp_path / "z.yaml").write_text("title: t\nfaults:\n  - {target: env, kind: delay, delay_s: .inf}\n")
+    (tmp_path / "z.yaml").write_text(
+        "title: t\nfaults:\n  - {target: env, kind: delay, delay_s: .inf}\n  - {target: engine, kind: kill}\n"
+    )
     assert main(["chaos", "run", str(tmp_path), "--out", str(tmp_path / "runs")]) == 2
     out, err = capsys.readouterr()
     assert err == (
-        f"invalid scenario: {tmp_path / 'z.yaml'}:3 at faults[0].delay_s: "
-        "expected a finite number, got .inf\n"
+        f"invalid scenario: {tmp_path / 'z.yaml'}:3 at faults[0].delay_s: expected a finite number, "
+        "got .inf\n"
+        f"invalid scenario: {tmp_path / 'z.yaml'}:4 at faults[1].kind: a kill fault needs a served engine "
+        "(engine.kind: served): it SIGKILLs a vllm serve process the harness started, and engine.kind is "
+        "'vllm'\n"
     )
     assert out == ""
     assert not (tmp_path / "runs").exists()

@@ -1,6 +1,6 @@
 """The chaos command line under hostile input: random scenario files, random journals, random bytes, deep
 nesting and huge numbers never make it raise, print a traceback or run unbounded; each bad input gets
-exit code 2 and one line naming the file."""
+exit code 2 and one line per problem naming the file (a scenario file's problems earliest first)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,15 +54,20 @@ def cli(*argv: str) -> Outcome:
 
 
 def assert_validated(path: Path) -> None:
-    """``chaos validate path`` says valid on stdout (0) or gives one line naming the file on stderr (2)."""
+    """``chaos validate path`` says valid on stdout (0), or gives one line per problem on stderr (2), each
+    naming the file, in the order of their lines in it."""
     outcome = cli("chaos", "validate", str(path))
     if outcome.code == 0:
         assert outcome.out.startswith(f"{path}: valid (")
         assert outcome.err == ""
-    else:
-        assert outcome.code == 2
-        assert len(outcome.err.splitlines()) == 1
-        assert outcome.err.startswith(f"invalid scenario: {path}")
+        return
+    assert outcome.code == 2
+    lines = outcome.err.splitlines()
+    assert lines
+    prefix = f"invalid scenario: {path}"
+    assert all(line.startswith(prefix) for line in lines)
+    numbers = [int(match.group(1)) for line in lines if (match := re.match(r":(\d+)", line[len(prefix) :]))]
+    assert numbers == sorted(numbers)
 
 
 def assert_recorded(journal: Path, output: Path) -> None:

@@ -15,7 +15,6 @@ from doubles import EnvLedger, factory, tasks
 
 from gym_resilience import (
     BatchRunner,
-    EnvError,
     EnvStepError,
     RetryPolicy,
     RunnerConfig,
@@ -41,8 +40,8 @@ from harness.faults import (
     SpanLog,
     build_rollout_spans,
     read_firings,
-    resolve_exception,
 )
+from harness.names import resolve_exception
 from harness.results import FaultFiring
 from harness.spec import EngineFault, EnvFault, Fault, Targeting
 
@@ -60,7 +59,14 @@ def engine_fault(kind: str = "raise", **options: Any) -> EngineFault:
 
 
 def make_plan(tmp_path: Path, *faults: Fault, seed: int = 0) -> FaultPlan:
-    return FaultPlan(list(faults), seed=seed, log_path=tmp_path / "firings.jsonl", start=time.time())
+    """A plan with each raise fault's class resolved, as a compiled scenario hands them over."""
+    exceptions = {
+        index: resolve_exception(fault.exception)
+        for index, fault in enumerate(faults)
+        if isinstance(fault, EnvFault | EngineFault) and fault.kind == "raise"
+    }
+    log_path = tmp_path / "firings.jsonl"
+    return FaultPlan(list(faults), seed=seed, log_path=log_path, start=time.time(), exceptions=exceptions)
 
 
 async def run_batch(
@@ -163,49 +169,29 @@ def test_a_plan_pickles_and_its_copy_counts_nth_calls_afresh(tmp_path: Path) -> 
     assert copy.log_path == plan.log_path and copy.faults == plan.faults
 
 
-def test_a_raise_fault_needing_keyword_arguments_is_rejected_when_the_plan_is_built(tmp_path: Path) -> None:
+def test_a_raise_fault_without_its_exception_class_is_refused_when_the_plan_is_built(tmp_path: Path) -> None:
+    faults = [env_fault("delay"), engine_fault(exception="TimeoutError")]
     with pytest.raises(UnsupportedConfigError) as info:
-        make_plan(tmp_path, env_fault(), env_fault(exception="EnvStepError"))
+        FaultPlan(faults, seed=0, log_path=tmp_path / "f.jsonl", start=time.time(), exceptions={})
     assert info.value.option == "faults[1].exception"
-    assert str(info.value).startswith(
-        "faults[1].exception: EnvStepError cannot be raised from a message alone; name an exception class "
-        "whose constructor takes one message, such as RuntimeError, ConnectionResetError or EnvError: "
-        "TypeError: "
+    assert str(info.value) == (
+        "faults[1].exception: no exception class for the raise fault 'TimeoutError': give the classes the "
+        "scenario was compiled with (CompiledScenario.exceptions)"
     )
 
 
-def test_an_exception_name_that_resolves_to_nothing_is_rejected_naming_the_fault(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedConfigError) as info:
-        make_plan(tmp_path, engine_fault(exception="NoSuchError"))
-    assert info.value.option == "faults[0].exception"
-    assert "'NoSuchError'" in str(info.value)
+def test_a_raise_fault_raises_the_class_it_was_given_without_resolving_its_name(tmp_path: Path) -> None:
+    class SandboxGone(Exception):
+        pass
 
-
-def test_bad_output_on_close_is_rejected_because_it_would_do_nothing(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"^faults\[0\]\.method: bad_output cannot target close"):
-        make_plan(tmp_path, env_fault("bad_output", "close"))
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("ConnectionResetError", ConnectionResetError),
-        ("KeyboardInterrupt", KeyboardInterrupt),
-        ("EnvError", EnvError),
-        ("gym_resilience.errors:EnvStepError", EnvStepError),
-        ("json:JSONDecodeError", __import__("json").JSONDecodeError),
-    ],
-)
-def test_resolve_exception_finds_builtins_library_errors_and_dotted_paths(
-    name: str, expected: type[BaseException]
-) -> None:
-    assert resolve_exception(name) is expected
-
-
-@pytest.mark.parametrize("name", ["len", "os:path", "no.such.module:Error", "Nope"])
-def test_resolve_exception_rejects_what_is_not_an_exception_class(name: str) -> None:
-    with pytest.raises(ValueError):
-        resolve_exception(name)
+    fault = env_fault(exception="NotAName", message="sandbox gone")
+    plan = FaultPlan(
+        [fault], seed=0, log_path=tmp_path / "f.jsonl", start=time.time(), exceptions={0: SandboxGone}
+    )
+    error = plan.exception(0)
+    assert type(error) is SandboxGone
+    assert str(error) == "sandbox gone"
+    assert error.__notes__ == ["injected by chaos fault 0"]
 
 
 # --- The shared firing log. ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Scenario files: valid ones load into typed models; each invalid one gets one exact, located error."""
+"""Scenario files: valid ones load into their compiled form; an invalid one gets every problem it has, each
+exact and located, earliest in the file first."""
 
 from __future__ import annotations
 
@@ -13,19 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from gym_resilience import EnvStepError, RetryPolicy, RunnerConfig, ScenarioError
+from gym_resilience import EnvStepError, RetryPolicy, RunnerConfig, ScenarioError, UnsupportedConfigError
 from gym_resilience.errors import EngineDeadError
 from harness.loader import (
     MAX_SCENARIO_BYTES,
+    check_scenario,
+    check_text,
     load_scenario,
-    load_scenarios,
+    load_suite,
     parse_scenario,
     resolve_exception,
-    runner_config,
     scenario_files,
 )
+from harness.probes import PROBES, REGISTRY
 from harness.spec import (
-    PROBES,
     BatchSpec,
     ConnectionTargeting,
     EngineFault,
@@ -41,8 +43,9 @@ from harness.spec import (
 INVALID_DIR = Path(__file__).parent / "invalid_scenarios"
 README = Path(__file__).parent.parent / "scenarios" / "README.md"
 
-# Every file in invalid_scenarios/ and the exact message after its path: a file without an entry fails.
-EXPECTED_ERRORS = {
+# Every file in invalid_scenarios/ and the exact message after its path (a list: every problem, in order):
+# a file without an entry fails.
+EXPECTED_ERRORS: dict[str, str | list[str]] = {
     "billion_laughs.yaml": ":8: the YAML holds more than 20000 values (aliases expanded)",
     "delay_beyond_an_hour.yaml": (
         ":5 at faults[0].delay_s: expected a number > 0 and <= 3600, got 1000000000.0"
@@ -52,7 +55,27 @@ EXPECTED_ERRORS = {
     "expect_raises_without_error.yaml": (
         ":6 at expect: outcome 'raises' needs the expected error type in 'error'"
     ),
-    "first_problem_in_file_order.yaml": ":7 at probes[1].gte: expected a number, got 'many'",
+    "endpoint_not_on_loopback.yaml": (
+        ":5 at engine.endpoints[1]: endpoint 'http://10.0.0.5:8000' is not on loopback: the harness sends "
+        "network traffic only to this machine (127.0.0.1, ::1, localhost); run the server here, or forward "
+        "a loopback port to it"
+    ),
+    "env_factory_misspelled.yaml": (
+        ":4 at batch.env: module 'invalid_user_parts' has no attribute 'make_evn'; did you mean 'make_env'?"
+    ),
+    "env_factory_not_callable.yaml": (
+        ":4 at batch.env: 'invalid_user_parts:NOT_CALLABLE' is not callable (it is int 3); expected an env "
+        "factory"
+    ),
+    "env_module_misspelled.yaml": (
+        ":4 at batch.env: cannot import module 'invalid_user_part': No module named 'invalid_user_part'; "
+        "did you mean 'invalid_user_parts'?"
+    ),
+    "first_problem_in_file_order.yaml": [
+        ":7 at probes[1].gte: expected a number, got 'many'",
+        ":10 at faults[0].kind: expected one of 'raise', 'delay', 'hang', 'interrupt', 'bad_output', got "
+        "'explode'",
+    ],
     "hang_without_deadline.yaml": (
         ":8 at faults[0].kind: a hang in step needs runner.isolate_envs: true and "
         "runner.env_step_timeout_s set: only a deadline that kills the env's process stops a hung call, "
@@ -70,7 +93,7 @@ EXPECTED_ERRORS = {
     ),
     "kill_without_served_engine.yaml": (
         ":7 at faults[0].kind: a kill fault needs a served engine (engine.kind: served): it SIGKILLs a "
-        "vllm serve process, and engine.kind is 'vllm'"
+        "vllm serve process the harness started, and engine.kind is 'vllm'"
     ),
     "malformed_date.yaml": (
         ":1 at title: cannot read '2024-13-01' as a date: month must be in 1..12; quote it to make it "
@@ -80,6 +103,10 @@ EXPECTED_ERRORS = {
         ":4 at faults[0].target: missing required field 'target'; expected one of 'env', 'engine', 'network'"
     ),
     "missing_title.yaml": ":2 at title: missing required field 'title'",
+    "model_folder_missing.yaml": (
+        f":3 at model: model folder './checkpoints/my-sft' does not exist (looked for "
+        f"{INVALID_DIR / 'checkpoints' / 'my-sft'})"
+    ),
     "nan_tolerance.yaml": ":4 at probes[1].range[1]: expected a finite number, got .nan",
     "nested_too_deeply.yaml": ":2: the YAML nests deeper than 32 levels (aliases expanded)",
     "no_tolerance.yaml": (
@@ -92,9 +119,18 @@ EXPECTED_ERRORS = {
     "pipeline_interrupts_on_import.yaml": (
         ":2 at pipeline: importing module 'interrupts_on_import' raised KeyboardInterrupt"
     ),
+    "pipeline_misspelled.yaml": (
+        ":3 at pipeline: module 'naive_pipeline_for_invalid' has no attribute 'generat'; did you mean "
+        "'generate'?"
+    ),
     "pipeline_not_importable.yaml": (
         ":3 at pipeline: cannot import module 'no_such_package.rollouts': No module named 'no_such_package'"
     ),
+    "problems_on_lines_4_and_8.yaml": [
+        ":4 at faults[0].exception: unknown exception 'ConnectionEror': expected a built-in exception, a "
+        "gym_resilience error, or module:Name; did you mean 'ConnectionError'?",
+        ":8 at probes[0].gte: expected a number, got 'many'",
+    ],
     "range_low_above_high.yaml": (
         ":4 at probes[0]: range must be [low, high] with low <= high, got [3.0, 1.0]"
     ),
@@ -105,12 +141,29 @@ EXPECTED_ERRORS = {
     ),
     "rollout_never_happens.yaml": (
         ":11 at faults[0].when.rollouts[1]: rollout 8 never happens: the batch has 8 rollouts "
-        "(batch.tasks 4 x runner.n_samples_per_prompt 2), numbered from 0"
+        "(4 tasks x runner.n_samples_per_prompt 2), numbered from 0"
     ),
     "runner_wrong_type.yaml": ":5 at runner.max_turns: expected an integer, got 'three'",
+    "task_count_with_user_env.yaml": (
+        ":5 at batch.tasks: a number of tasks makes tasks for the bundled envs, and batch.env is a user's "
+        "env factory (invalid_user_parts:make_env); name a task loader 'module:name' or a .jsonl file of "
+        "tasks"
+    ),
+    "task_loader_raises.yaml": (
+        ":5 at batch.tasks: calling invalid_user_parts:load_broken() raised OSError: the dataset is not "
+        "mounted"
+    ),
+    "task_loader_returns_nothing.yaml": (
+        ":5 at batch.tasks: what invalid_user_parts:load_nothing() returned holds no task; a batch needs "
+        "at least one"
+    ),
+    "tasks_file_bad_line.yaml": (
+        ":5 at batch.tasks: tasks_with_a_bad_line.jsonl:3: prompt must be a list of chat messages "
+        '({"role": ..., "content": ...})'
+    ),
     "tool_link_without_tool_env.yaml": (
-        ":8 at faults[0].link: link 'tool' needs batch.env: tool_use: only that env talks to a tool "
-        "server, and batch.env is 'word_game'"
+        ":8 at faults[0].link: link 'tool' needs batch.env: tool_use: only the bundled tool env talks to a "
+        "tool server the harness can put a proxy in front of, and batch.env is 'word_game'"
     ),
     "top_level_list.yaml": (
         ":2: expected a mapping of scenario fields (title, faults, probes, ...) at the top level, got a list"
@@ -133,12 +186,11 @@ EXPECTED_ERRORS = {
     "unknown_fault_target.yaml": (
         ":6 at faults[1].target: expected one of 'env', 'engine', 'network', got 'disk'"
     ),
-    "unknown_probe.yaml": (
-        ":6 at probes[1]: unknown probe 'envs_leaked'; expected one of batch_size, envs_unclosed, "
-        "error_type, failed, failovers, faults_fired, identical_to_baseline, logprobs_per_token, "
-        "masked_groups, numerical_ties, placeholders, retries, retries_succeeded, token_level_rewards, "
-        "validator_passes, wall_over_injected_latency, wall_time_ratio, or metrics.<key>"
+    "unknown_bundled_env.yaml": (
+        ":4 at batch.env: unknown env 'word_gam': expected word_game, tool_use, or an env factory "
+        "'module:name'; did you mean 'word_game'?"
     ),
+    "unknown_probe.yaml": ":6 at probes[1]: unknown probe 'envs_leaked'; did you mean 'envs_unclosed'?",
     "unknown_runner_option.yaml": (
         ":4 at runner.max_turn: unknown field 'max_turn'; did you mean 'max_turns'?"
     ),
@@ -147,7 +199,10 @@ EXPECTED_ERRORS = {
         ":5 at runner.skip_failed_rollouts: cannot be combined with batched=True: the batched single-turn "
         "path has no agent loop, so the flag would silently do nothing"
     ),
-    "wrong_type_string_for_int.yaml": ":5 at batch.tasks: expected an integer in [1, 512], got 'three'",
+    "wrong_type_string_for_int.yaml": (
+        ":5 at batch.tasks: expected a number of tasks in [1, 512], a task loader 'module:name', or a .jsonl "
+        "file, got 'three'"
+    ),
     "yaml_syntax_error.yaml": ":6: invalid YAML: mapping values are not allowed here",
 }
 
@@ -242,18 +297,23 @@ def readme_example() -> str:
 
 
 @pytest.mark.parametrize("name", INVALID_FILES)
-def test_each_invalid_scenario_file_gets_its_exact_error(name: str) -> None:
+def test_each_invalid_scenario_file_gets_its_exact_errors_earliest_first(name: str) -> None:
     path = INVALID_DIR / name
     assert name in EXPECTED_ERRORS, f"add the expected error of {name} to EXPECTED_ERRORS"
-    with pytest.raises(ScenarioError) as caught:
+    expected = EXPECTED_ERRORS[name]
+    messages = [f"{path}{message}" for message in ([expected] if isinstance(expected, str) else expected)]
+    checked = check_scenario(path)
+    assert checked.scenario is None
+    assert [str(problem) for problem in checked.problems] == messages
+    assert all(problem.file == str(path) for problem in checked.problems)
+    with pytest.raises(ScenarioError) as caught:  # load_scenario raises the earliest
         load_scenario(path)
-    assert str(caught.value) == f"{path}{EXPECTED_ERRORS[name]}"
-    assert caught.value.file == str(path)
+    assert str(caught.value) == messages[0]
 
 
 def test_every_expected_error_has_its_invalid_file_and_there_are_enough_of_them() -> None:
     assert sorted(EXPECTED_ERRORS) == INVALID_FILES
-    assert len(INVALID_FILES) >= 14
+    assert len(INVALID_FILES) >= 50
 
 
 @pytest.mark.parametrize("name", INVALID_FILES)
@@ -316,7 +376,7 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
             "title: t\nzzzzz: 1\n",
             (
                 "s.yaml:2 at zzzzz: unknown field 'zzzzz'; expected one of title, description, tags, seed, "
-                "batch, engine, runner, pipeline, faults, expect, probes"
+                "batch, engine, model, python_path, runner, pipeline, faults, expect, probes"
             ),
         ),
         ("title:\n", "s.yaml:1 at title: expected a string, got null"),
@@ -385,7 +445,14 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
         (
             "title: t\nprobes:\n  - {probe: 'metrics.', eq: 1}\n",
             (
-                "s.yaml:3 at probes[0]: unknown probe 'metrics.'; expected one of batch_size, "
+                "s.yaml:3 at probes[0]: probe 'metrics.' names no metric: write metrics.<key>, the runner "
+                "metric's key"
+            ),
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: 'no_such_probe_at_all', eq: 1}\n",
+            (
+                "s.yaml:3 at probes[0]: unknown probe 'no_such_probe_at_all'; expected one of batch_size, "
                 "envs_unclosed, error_type, failed, failovers, faults_fired, identical_to_baseline, "
                 "logprobs_per_token, masked_groups, numerical_ties, placeholders, retries, "
                 "retries_succeeded, token_level_rewards, validator_passes, wall_over_injected_latency, "
@@ -394,7 +461,7 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
         ),
         (
             "title: t\npipeline: just_a_module\n",
-            "s.yaml:2 at pipeline: pipeline must be 'module:function', got 'just_a_module'",
+            "s.yaml:2 at pipeline: pipeline must be 'module:name', got 'just_a_module'",
         ),
     ],
 )
@@ -479,8 +546,9 @@ def test_model_errors_become_one_located_message(text: str, message: str) -> Non
         (
             "title: t\nfaults:\n  - {target: network, kind: timeout, link: engine}\n",
             (
-                "s.yaml:3 at faults[0].link: link 'engine' needs a served engine (engine.kind: served): the "
-                "fault proxy sits on the HTTP connection to vllm serve, and engine.kind is 'vllm'"
+                "s.yaml:3 at faults[0].link: link 'engine' needs an engine behind HTTP (engine.kind: served "
+                "or openai): the fault proxy sits on the connections to its endpoints, and engine.kind is "
+                "'vllm'"
             ),
         ),
         (
@@ -540,9 +608,14 @@ def test_semantic_errors_become_one_located_message(text: str, message: str) -> 
 
 
 def test_a_scenario_with_every_env_and_in_process_engine_fault_loads(tmp_path: Path) -> None:
-    scenario = load_scenario(write(tmp_path, "in_process.yaml", IN_PROCESS_SCENARIO))
+    compiled = load_scenario(write(tmp_path, "in_process.yaml", IN_PROCESS_SCENARIO))
+    scenario = compiled.spec
     assert scenario.batch == BatchSpec(env="word_game", tasks=4, seed=11)
     assert scenario.engine == EngineSpec(kind="vllm", max_model_len=256)
+    assert compiled.exceptions == {0: ConnectionResetError, 6: EngineDeadError}
+    assert compiled.expected_error is KeyboardInterrupt
+    assert [task.instance_id for task in compiled.tasks] == [f"word_game-11-{i:04d}" for i in range(4)]
+    assert (compiled.env_factory, compiled.pipeline, compiled.model_dir) == (None, None, None)
     assert [(type(f), f.kind) for f in scenario.faults] == [
         (EnvFault, "raise"),
         (EnvFault, "delay"),
@@ -568,7 +641,8 @@ def test_a_scenario_with_every_env_and_in_process_engine_fault_loads(tmp_path: P
 
 
 def test_a_scenario_with_a_served_engine_and_every_network_fault_loads(tmp_path: Path) -> None:
-    scenario = load_scenario(write(tmp_path, "served.yaml", SERVED_SCENARIO))
+    compiled = load_scenario(write(tmp_path, "served.yaml", SERVED_SCENARIO))
+    scenario = compiled.spec
     assert scenario.engine == EngineSpec(kind="served", servers=2)
     assert scenario.faults == [
         EngineFault(target="engine", kind="kill", server=1, after_requests=3),
@@ -587,12 +661,11 @@ def test_a_scenario_with_a_served_engine_and_every_network_fault_loads(tmp_path:
         ),
         NetworkFault(target="network", kind="timeout", link="tool"),
     ]
-    assert runner_config(scenario) == RunnerConfig()
+    assert compiled.config == RunnerConfig()
 
 
-def test_runner_config_builds_the_runner_config_with_its_retry_policy(tmp_path: Path) -> None:
-    scenario = load_scenario(write(tmp_path, "in_process.yaml", IN_PROCESS_SCENARIO))
-    config = runner_config(scenario)
+def test_the_compiled_scenario_holds_the_runner_config_with_its_retry_policy(tmp_path: Path) -> None:
+    config = load_scenario(write(tmp_path, "in_process.yaml", IN_PROCESS_SCENARIO)).config
     assert config.retry == RetryPolicy(
         attempts=2, total_delay_s=None, retry_on=(ConnectionError, EnvStepError, TimeoutError)
     )
@@ -609,14 +682,54 @@ def test_runner_config_builds_the_runner_config_with_its_retry_policy(tmp_path: 
     assert isinstance(config.temperature, float)
 
 
-def test_runner_config_of_an_unvalidated_scenario_raises_a_scenario_error_without_a_line() -> None:
-    scenario = Scenario(title="t", runner={"skip_failed_rollouts": True, "batched": True})
-    with pytest.raises(ScenarioError) as caught:
-        runner_config(scenario, file="mine.yaml")
-    assert str(caught.value) == (
-        "mine.yaml at runner.skip_failed_rollouts: cannot be combined with batched=True: the batched "
-        "single-turn path has no agent loop, so the flag would silently do nothing"
+@pytest.mark.parametrize(
+    ("mapping", "path", "reason"),
+    [
+        ({"max_turns": "three"}, ("runner", "max_turns"), "expected an integer, got 'three'"),
+        (
+            {"retry": {"attempts": 0}},
+            ("runner", "retry", "attempts"),
+            "must be an int >= 1, got 0",
+        ),
+        (
+            {"retry": {"retry_on": ["ConnectionError", "KeyboardInterrupt"]}},
+            ("runner", "retry", "retry_on", 1),
+            "'KeyboardInterrupt' cannot be retried: retry_on takes Exception subclasses, and cancellation "
+            "and KeyboardInterrupt always propagate",
+        ),
+        (
+            {"skip_failed_rollouts": True, "batched": True},
+            ("runner", "skip_failed_rollouts"),
+            "cannot be combined with batched=True: the batched single-turn path has no agent loop, so the "
+            "flag would silently do nothing",
+        ),
+        ({"max_turn": 2}, ("runner", "max_turn"), "unknown field 'max_turn'; did you mean 'max_turns'?"),
+    ],
+)
+def test_runner_config_from_mapping_names_the_path_of_a_bad_value_in_a_typed_error(
+    mapping: dict[str, object], path: tuple[str | int, ...], reason: str
+) -> None:
+    with pytest.raises(UnsupportedConfigError) as caught:
+        RunnerConfig.from_mapping(mapping)
+    assert (caught.value.path, caught.value.reason) == (path, reason)
+    dotted = ".".join(str(p) for p in path if isinstance(p, str)) + "".join(
+        f"[{p}]" for p in path if isinstance(p, int)
     )
+    assert caught.value.option == dotted
+    assert str(caught.value) == f"{dotted}: {reason}"
+
+
+def test_runner_config_from_mapping_builds_the_config_and_resolves_names_with_the_given_resolver() -> None:
+    config = RunnerConfig.from_mapping(
+        {"max_turns": 2, "generation_timeout_s": 3, "retry": {"attempts": 2, "retry_on": ["Custom"]}},
+        exceptions={"Custom": ConnectionAbortedError}.__getitem__,
+    )
+    assert config == RunnerConfig(
+        max_turns=2,
+        generation_timeout_s=3.0,
+        retry=RetryPolicy(attempts=2, retry_on=(ConnectionAbortedError,)),
+    )
+    assert isinstance(config.generation_timeout_s, float)
 
 
 def test_a_user_pipeline_next_to_the_scenario_file_imports(tmp_path: Path) -> None:
@@ -627,7 +740,8 @@ def test_a_user_pipeline_next_to_the_scenario_file_imports(tmp_path: Path) -> No
     scenario = load_scenario(
         write(tmp_path, "p.yaml", "title: t\npipeline: my_pipeline_for_loader_test:generate\n")
     )
-    assert scenario.pipeline == "my_pipeline_for_loader_test:generate"
+    assert scenario.spec.pipeline == "my_pipeline_for_loader_test:generate"
+    assert scenario.pipeline is sys.modules["my_pipeline_for_loader_test"].generate
     with pytest.raises(ScenarioError) as caught:
         load_scenario(
             write(tmp_path, "q.yaml", "title: t\npipeline: my_pipeline_for_loader_test:no_arguments\n")
@@ -637,7 +751,8 @@ def test_a_user_pipeline_next_to_the_scenario_file_imports(tmp_path: Path) -> No
         "with (tasks, env_factory, engine): too many positional arguments; "
         "expected async def no_arguments(tasks, env_factory, engine)"
     )
-    assert str(tmp_path.resolve()) not in sys.path  # only while the loader imported it
+    # For good: isolated env workers, started later, import the user's modules again by name.
+    assert str(tmp_path.resolve()) in sys.path
 
 
 def test_a_pipeline_engine_fault_can_only_be_targeted_by_call_number_or_probability(tmp_path: Path) -> None:
@@ -742,7 +857,7 @@ def test_resolve_exception_says_why_a_name_does_not_resolve(name: str, message: 
 # --- many files -------------------------------------------------------------------------------------------
 
 
-def test_load_scenarios_expands_folders_to_their_yaml_files_in_name_order(tmp_path: Path) -> None:
+def test_load_suite_expands_folders_to_their_yaml_files_in_name_order(tmp_path: Path) -> None:
     folder = tmp_path / "suite"
     folder.mkdir()
     for name in ("b.yml", "a.yaml", "c.yaml"):
@@ -751,8 +866,9 @@ def test_load_scenarios_expands_folders_to_their_yaml_files_in_name_order(tmp_pa
     (folder / "nested").mkdir()
     write(folder / "nested", "d.yaml", "title: d\n")
     extra = write(tmp_path, "extra.yaml", "title: extra\n")
-    loaded = load_scenarios([extra, folder, folder / "a.yaml"])
-    assert [(path.name, scenario.title) for path, scenario in loaded] == [
+    suite = load_suite([extra, folder, folder / "a.yaml"])
+    assert suite.valid
+    assert [(scenario.file.name, scenario.title) for scenario in suite.scenarios] == [
         ("extra.yaml", "extra"),
         ("a.yaml", "a.yaml"),
         ("b.yml", "b.yml"),
@@ -760,21 +876,34 @@ def test_load_scenarios_expands_folders_to_their_yaml_files_in_name_order(tmp_pa
     ]
 
 
-def test_load_scenarios_rejects_a_path_that_does_not_exist_and_an_empty_folder(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError) as caught:
-        load_scenarios([tmp_path / "missing.yaml"])
-    assert str(caught.value) == f"{tmp_path / 'missing.yaml'}: no such file or directory"
-    with pytest.raises(ScenarioError) as caught:
-        scenario_files([tmp_path])
-    assert str(caught.value) == f"{tmp_path}: no scenario files (*.yaml, *.yml) in this directory"
-
-
-def test_load_scenarios_stops_at_the_first_invalid_file(tmp_path: Path) -> None:
-    write(tmp_path, "a.yaml", "title: fine\n")
-    write(tmp_path, "b.yaml", "title: [broken\n")
-    with pytest.raises(ScenarioError) as caught:
-        load_scenarios([tmp_path])
-    assert caught.value.file == str(tmp_path / "b.yaml")
+def test_load_suite_reports_every_missing_path_empty_folder_and_problem_and_keeps_the_valid_files(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    write(folder, "a.yaml", "title: fine\n")
+    write(folder, "b.yaml", "title: [broken\n")
+    write(folder, "c.yaml", "title: two\nbatch: {tasks: 0}\nprobes:\n  - {probe: faults_fird, eq: 1}\n")
+    write(folder, "d.yaml", "title: also fine\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    suite = load_suite([tmp_path / "missing.yaml", folder, empty])
+    assert not suite.valid
+    assert [scenario.title for scenario in suite.scenarios] == ["fine", "also fine"]
+    assert [str(problem) for problem in suite.problems] == [
+        f"{tmp_path / 'missing.yaml'}: no such file or directory",
+        f"{empty}: no scenario files (*.yaml, *.yml) in this directory",
+        f"{folder / 'b.yaml'}:2: invalid YAML: expected ',' or ']', but got '<stream end>' (while parsing a "
+        "flow sequence started on line 1)",
+        f"{folder / 'c.yaml'}:2 at batch.tasks: expected a number of tasks in [1, 512], a task loader "
+        "'module:name', or a .jsonl file, got 0",
+        f"{folder / 'c.yaml'}:4 at probes[0]: unknown probe 'faults_fird'; did you mean 'faults_fired'?",
+    ]
+    files, problems = scenario_files([empty])
+    assert files == []
+    assert [str(problem) for problem in problems] == [
+        f"{empty}: no scenario files (*.yaml, *.yml) in this directory"
+    ]
 
 
 def test_load_scenario_reports_a_missing_file_and_bytes_that_are_not_utf8(tmp_path: Path) -> None:
@@ -864,7 +993,7 @@ def test_the_bounds_themselves_are_valid_values() -> None:
         "faults:\n  - {target: env, kind: delay, delay_s: 3600}\n",
         file="s.yaml",
     )
-    assert scenario.seed == 2**63 - 1
+    assert scenario.spec.seed == 2**63 - 1
     assert scenario.faults == [EnvFault(target="env", kind="delay", delay_s=3600.0)]
 
 
@@ -924,7 +1053,7 @@ def test_a_directory_given_as_a_scenario_file_is_refused(tmp_path: Path) -> None
 def test_the_readme_example_is_a_valid_scenario(tmp_path: Path) -> None:
     scenario = load_scenario(write(tmp_path, "example.yaml", readme_example()))
     assert {fault.target for fault in scenario.faults} == {"env", "engine"}
-    assert runner_config(scenario).skip_failed_rollouts
+    assert scenario.config.skip_failed_rollouts
 
 
 def test_the_readme_documents_every_probe_and_every_field() -> None:
@@ -937,3 +1066,76 @@ def test_the_readme_documents_every_probe_and_every_field() -> None:
     names |= set(PROBES)
     missing = sorted(name for name in names if f"`{name}`" not in text)
     assert missing == []
+
+
+def test_the_readme_probe_table_is_the_probe_registry_row_for_row() -> None:
+    text = README.read_text()
+    table = text[text.index("| Probe | Observes |") :].split("\n\n")[0].splitlines()[2:]
+    rows = [tuple(cell.strip() for cell in line.strip("|").split("|", 1)) for line in table]
+    assert rows == [
+        *((f"`{probe.name}`", probe.description) for probe in REGISTRY),
+        (
+            "`metrics.<key>`",
+            "the runner metric `<key>` of the faulted run, e.g. "
+            "`metrics.rollout_errors/type/EnvTimeoutError`",
+        ),
+    ]
+
+
+# --- engines the user runs --------------------------------------------------------------------------------
+
+
+def test_an_openai_engine_takes_loopback_endpoints_that_engine_link_faults_count(tmp_path: Path) -> None:
+    text = (
+        "title: t\n"
+        "engine: {kind: openai, endpoints: ['http://127.0.0.1:8000/', 'http://localhost:8001']}\n"
+        "faults:\n"
+        "  - {target: network, kind: reset_peer, link: engine, endpoint: 1}\n"
+    )
+    compiled = parse_scenario(text, file="s.yaml")
+    assert compiled.spec.engine.endpoints == ["http://127.0.0.1:8000", "http://localhost:8001"]
+    assert compiled.summary() == (
+        "OpenAI endpoints http://127.0.0.1:8000, http://localhost:8001 serving the bundled tiny model; "
+        "env word_game, 8 tasks; BatchRunner; 1 fault, 0 probes"
+    )
+
+
+def test_every_engine_field_that_does_not_fit_its_kind_is_reported_at_its_line() -> None:
+    text = (
+        "title: t\n"
+        "engine:\n"
+        "  kind: openai\n"
+        "  servers: 2\n"
+        "  endpoints: ['http://127.0.0.1:8000', 'https://127.0.0.1:8001', 'http://127.0.0.1:8000']\n"
+        "faults:\n"
+        "  - {target: engine, kind: kill}\n"
+        "  - {target: network, kind: latency, link: engine, endpoint: 3}\n"
+    )
+    problems = [str(problem) for problem in check_text(text, file="s.yaml").problems]
+    assert problems == [
+        "s.yaml:5 at engine.endpoints[1]: expected an http://HOST:PORT URL, got 'https://127.0.0.1:8001'",
+    ]
+    text = text.replace("'https://127.0.0.1:8001', ", "")
+    problems = [str(problem) for problem in check_text(text, file="s.yaml").problems]
+    assert problems == [
+        "s.yaml:4 at engine.servers: servers only goes with kind 'served' (servers the harness starts), and "
+        "kind is 'openai'",
+        "s.yaml:5 at engine.endpoints[1]: endpoint 'http://127.0.0.1:8000' is listed twice",
+        "s.yaml:7 at faults[0].kind: a kill fault needs a served engine (engine.kind: served): it SIGKILLs "
+        "a vllm serve process the harness started, and engine.kind is 'openai'",
+        "s.yaml:8 at faults[1].endpoint: endpoint 3 does not exist: 2 endpoints (endpoints are numbered "
+        "from 0)",
+    ]
+    problems = [str(p) for p in check_text("title: t\nengine: {kind: openai}\n", file="s.yaml").problems]
+    assert problems == [
+        "s.yaml:2 at engine.kind: kind 'openai' needs endpoints: the URLs of the OpenAI-compatible servers "
+        "you run on loopback (endpoints: [http://127.0.0.1:8000])"
+    ]
+    problems = [
+        str(p)
+        for p in check_text("title: t\nengine: {endpoints: ['http://[::1]:80']}\n", file="s.yaml").problems
+    ]
+    assert problems == [
+        "s.yaml:2 at engine.endpoints: endpoints only go with kind 'openai' (servers you run), and kind is "
+        "'vllm'"
+    ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from harness.results import (
+    EndpointSpan,
     FaultFiring,
     ProbeResult,
     RolloutSpan,
@@ -109,6 +110,10 @@ def journal_from_json(data: Any) -> RunJournal:
             fields["firings"] = [FaultFiring(**firing) for firing in fields.get("firings", [])]
             where = f"scenarios[{number}].rollouts"
             fields["rollouts"] = [_rollout(rollout) for rollout in fields.get("rollouts", [])]
+            where = f"scenarios[{number}].baseline_rollouts"
+            fields["baseline_rollouts"] = [_rollout(item) for item in fields.get("baseline_rollouts", [])]
+            where = f"scenarios[{number}].endpoints"
+            fields["endpoints"] = [_endpoint(endpoint) for endpoint in fields.get("endpoints", [])]
             where = f"scenarios[{number}]"
             if fields.get("status") not in STATUSES:
                 raise TypeError(f"status must be one of {', '.join(STATUSES)}, got {fields.get('status')!r}")
@@ -173,6 +178,14 @@ def _rollout(data: Any) -> RolloutSpan:
     fields = dict(data)
     fields["spans"] = [TurnSpan(**span) for span in fields.get("spans", [])]
     return RolloutSpan(**fields)
+
+
+def _endpoint(data: Any) -> EndpointSpan:
+    _expect_mapping(data)
+    fields = dict(data)
+    # JSON has no tuples: each (start, end) comes back as a list.
+    fields["down_s"] = [(float(start), float(end)) for start, end in fields.get("down_s", [])]
+    return EndpointSpan(**fields)
 
 
 def _expect_mapping(value: Any) -> None:

@@ -98,6 +98,10 @@ def _system_out(result: ScenarioResult) -> str:
     placeholders = [rollout.index for rollout in result.rollouts if rollout.placeholder]
     if placeholders:
         lines.append(f"placeholder rollouts: {', '.join(map(str, placeholders))}")
+    failed = [rollout for rollout in result.rollouts if rollout.error is not None]
+    if failed:
+        lines.append(f"rollout errors ({len(failed)}):")
+        lines += [f"  rollout {rollout.index}: {rollout.error}" for rollout in failed]
     return "\n".join(lines) + "\n"
 
 

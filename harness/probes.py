@@ -1,0 +1,221 @@
+"""The probes a scenario may check: one registry of each probe's name, what it observes, and how.
+
+The scenario models accept exactly these names (and ``metrics.<key>``), :func:`observe` computes
+every one of them from a scenario's two runs, and scenarios/README.md documents this table (a test
+checks that the two agree).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from gym_resilience import (
+    AnyTrajectory,
+    BatchOutput,
+    OutputValidationError,
+    group_relative_advantages,
+    validate_batch_output,
+)
+from harness.compare import Comparison
+from harness.results import FaultFiring
+
+__all__ = [
+    "METRICS_PREFIX",
+    "PROBES",
+    "REGISTRY",
+    "ProbeDefinition",
+    "RunOutcome",
+    "Runs",
+    "is_probe",
+    "observe",
+]
+
+METRICS_PREFIX: Final = "metrics."
+"""``metrics.<key>`` reads the runner metric ``<key>`` of the faulted run."""
+
+
+@dataclass
+class RunOutcome:
+    """One run of a scenario's batch: what it produced or raised, and what it left behind."""
+
+    trajectories: list[AnyTrajectory] | None
+    output: BatchOutput | None
+    metrics: dict[str, float]
+    error: BaseException | None
+    wall_s: float
+    envs_created: int
+    envs_unclosed: int
+    firings: list[FaultFiring] = field(default_factory=list)
+    spans: list[Any] = field(default_factory=list)
+    failovers: int = 0
+    end_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What the probes observe: both runs of a scenario and what was derived from them."""
+
+    baseline: RunOutcome
+    faulted: RunOutcome
+    comparison: Comparison
+    num_prompts: int
+    """Rows the trainer sent: tasks x samples per task."""
+    step_wise: bool
+    injected_latency_s: float | None
+    """The most network latency the faults injected into one rollout; None when none hit a rollout."""
+
+
+@dataclass(frozen=True)
+class ProbeDefinition:
+    """A probe: its name in scenario files, what it observes (the documentation's words), and how."""
+
+    name: str
+    description: str
+    observe: Callable[[Runs], Any]
+
+
+def _placeholders(runs: Runs) -> int | None:
+    output = runs.faulted.output
+    return None if output is None else sum(1 for flag in output.is_placeholder if flag)
+
+
+def _validator_passes(runs: Runs) -> bool:
+    output = runs.faulted.output
+    if output is None:
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            validate_batch_output(output, runs.num_prompts, step_wise=runs.step_wise)
+    except OutputValidationError:
+        return False
+    return True
+
+
+def _logprobs_per_token(runs: Runs) -> bool:
+    output = runs.faulted.output
+    if output is None or output.rollout_logprobs is None:
+        return False
+    return all(
+        len(lps) == len(ids) and all(math.isfinite(lp) and lp <= 0 for lp in lps)
+        for lps, ids in zip(output.rollout_logprobs, output.response_ids, strict=True)
+    )
+
+
+def _masked_groups(runs: Runs) -> int | None:
+    output = runs.faulted.output
+    if output is None or runs.step_wise:
+        return None
+    return len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
+
+
+def _ratio(numerator: float, denominator: float | None) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+REGISTRY: Final[tuple[ProbeDefinition, ...]] = (
+    ProbeDefinition(
+        "batch_size",
+        "trajectories in the faulted batch",
+        lambda runs: len(runs.faulted.output) if runs.faulted.output is not None else None,
+    ),
+    ProbeDefinition(
+        "validator_passes", "the faulted batch passes `validate_batch_output`", _validator_passes
+    ),
+    ProbeDefinition("failed", "rollouts that failed (placeholders stand in for them)", _placeholders),
+    ProbeDefinition(
+        "placeholders",
+        "placeholder rows in the faulted batch (its `is_placeholder` column, whoever built it)",
+        _placeholders,
+    ),
+    ProbeDefinition(
+        "envs_unclosed",
+        "envs created but never closed, over both runs (must be 0 for `BatchRunner`)",
+        lambda runs: runs.baseline.envs_unclosed + runs.faulted.envs_unclosed,
+    ),
+    ProbeDefinition(
+        "identical_to_baseline",
+        "every successful trajectory equals the fault-free run's, token for token, up to numerical ties "
+        "(below); a deviation names the first differing rollout, turn, token index and both token ids",
+        lambda runs: runs.comparison.identical,
+    ),
+    ProbeDefinition(
+        "numerical_ties",
+        "successful trajectories that left the baseline's tokens at a numerical tie (below)",
+        lambda runs: len(runs.comparison.ties) if runs.comparison.identical is not None else None,
+    ),
+    ProbeDefinition(
+        "error_type",
+        "the type name of the error the faulted run raised (`none`: it completed)",
+        lambda runs: type(runs.faulted.error).__name__ if runs.faulted.error is not None else "none",
+    ),
+    ProbeDefinition(
+        "wall_time_ratio",
+        "the faulted run's wall time over the fault-free run's. Machine load moves both runs unevenly "
+        "(a loaded baseline beside a quiet faulted run can give 0.2), so use it only with wide tolerances",
+        lambda runs: _ratio(runs.faulted.wall_s, runs.baseline.wall_s),
+    ),
+    ProbeDefinition(
+        "wall_over_injected_latency",
+        "the faulted run's wall time over the most network latency injected into one rollout. A "
+        "rollout's requests run one after another, so `gte: 1` proves the latency was applied, and load "
+        "can only raise it",
+        lambda runs: _ratio(runs.faulted.wall_s, runs.injected_latency_s),
+    ),
+    ProbeDefinition(
+        "retries",
+        "rollout retries in the faulted run",
+        lambda runs: runs.faulted.metrics.get("retries", 0.0),
+    ),
+    ProbeDefinition(
+        "retries_succeeded",
+        "retried rollouts that then succeeded",
+        lambda runs: runs.faulted.metrics.get("retries/succeeded", 0.0),
+    ),
+    ProbeDefinition(
+        "failovers",
+        "requests a served engine moved to another endpoint",
+        lambda runs: runs.faulted.failovers,
+    ),
+    ProbeDefinition("faults_fired", "times any fault fired", lambda runs: len(runs.faulted.firings)),
+    ProbeDefinition(
+        "masked_groups",
+        "groups whose loss masks the `mask_group` policy zeroed (group-relative advantages)",
+        _masked_groups,
+    ),
+    ProbeDefinition(
+        "token_level_rewards",
+        "every reward is a per-token list",
+        lambda runs: (
+            runs.faulted.output is not None
+            and all(isinstance(reward, list) for reward in runs.faulted.output.rewards)
+        ),
+    ),
+    ProbeDefinition(
+        "logprobs_per_token",
+        "every row has one finite logprob <= 0 per response token",
+        _logprobs_per_token,
+    ),
+)
+"""Every probe, in the order the documentation lists them."""
+
+PROBES: Final[Mapping[str, str]] = {probe.name: probe.description for probe in REGISTRY}
+"""Every probe's name and what it observes."""
+
+
+def is_probe(name: str) -> bool:
+    """Whether a scenario may name ``name``: a registered probe, or ``metrics.<key>``."""
+    return name in PROBES or (name.startswith(METRICS_PREFIX) and name != METRICS_PREFIX)
+
+
+def observe(runs: Runs) -> dict[str, Any]:
+    """Every probe's observation of a scenario's runs (None where a probe has nothing to observe), and
+    ``metrics.<key>`` for every runner metric of the faulted run."""
+    observations = {probe.name: probe.observe(runs) for probe in REGISTRY}
+    for key, value in runs.faulted.metrics.items():
+        observations[f"{METRICS_PREFIX}{key}"] = value
+    return observations

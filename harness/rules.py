@@ -1,0 +1,202 @@
+"""The rules between a scenario's fields: every fault must fit the engine, env, batch and runner it is meant
+to hit, and the engine's own fields must fit its kind.
+
+A rule that needs a part the file got wrong is skipped (that part has its own problem already), so a
+file's problems are all reported at once without one of them causing others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from gym_resilience.config import RunnerConfig
+from harness.messages import Loc, Problem
+from harness.spec import BatchSpec, EngineFault, EngineSpec, EnvFault, Fault, NetworkFault
+
+__all__ = ["Known", "rule_problems"]
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the rules may rely on; None where the file got that part wrong."""
+
+    faults: Sequence[tuple[int, Fault]]
+    """Each valid fault with its index in the file."""
+    config: RunnerConfig | None
+    batch: BatchSpec | None
+    engine: EngineSpec | None
+    tasks: int | None
+    """How many tasks the batch has."""
+    pipeline: bool | None
+    """Whether a user pipeline runs instead of BatchRunner."""
+
+
+def rule_problems(known: Known) -> Iterator[Problem]:
+    """Every rule the known parts break, fault by fault."""
+    if known.engine is not None:
+        yield from _engine_problems(known.engine)
+    for index, fault in known.faults:
+        at: Loc = ("faults", index)
+        if isinstance(fault, EnvFault):
+            yield from _env_fault_problems(known, at, fault)
+        elif isinstance(fault, EngineFault):
+            yield from _engine_fault_problems(known, at, fault)
+        else:
+            yield from _network_fault_problems(known, at, fault)
+        if not isinstance(fault, NetworkFault):
+            yield from _targeting_problems(known, at, fault)
+
+
+def _engine_problems(engine: EngineSpec) -> Iterator[Problem]:
+    given = engine.model_fields_set
+    if "servers" in given and engine.kind != "served":
+        yield Problem(
+            ("engine", "servers"),
+            f"servers only goes with kind 'served' (servers the harness starts), and kind is {engine.kind!r}",
+        )
+    if engine.endpoints is not None and engine.kind != "openai":
+        yield Problem(
+            ("engine", "endpoints"),
+            f"endpoints only go with kind 'openai' (servers you run), and kind is {engine.kind!r}",
+        )
+    if engine.kind == "openai" and not engine.endpoints:
+        yield Problem(
+            ("engine", "kind"),
+            "kind 'openai' needs endpoints: the URLs of the OpenAI-compatible servers you run on loopback "
+            "(endpoints: [http://127.0.0.1:8000])",
+        )
+    for position, url in enumerate(engine.endpoints or []):
+        if url in (engine.endpoints or [])[:position]:
+            yield Problem(("engine", "endpoints", position), f"endpoint {url!r} is listed twice")
+
+
+def _env_fault_problems(known: Known, at: Loc, fault: EnvFault) -> Iterator[Problem]:
+    if fault.kind == "bad_output" and fault.method == "close":
+        yield Problem(
+            (*at, "method"),
+            "bad_output cannot target close: close() returns nothing, so the fault would do nothing",
+        )
+    config = known.config
+    if fault.kind != "hang" or config is None:
+        return
+    deadline = {"step": "env_step_timeout_s", "reset": "env_reset_timeout_s"}.get(fault.method)
+    if deadline is None and not config.isolate_envs:
+        yield Problem(
+            (*at, "kind"),
+            "a hang in close needs runner.isolate_envs: true: only an isolated env's close is killed "
+            "at its deadline, and a close that never returns would hang the run",
+        )
+    elif deadline is not None and not (config.isolate_envs and getattr(config, deadline) is not None):
+        yield Problem(
+            (*at, "kind"),
+            f"a hang in {fault.method} needs runner.isolate_envs: true and runner.{deadline} set: only a "
+            "deadline that kills the env's process stops a hung call, and without one the run would hang",
+        )
+
+
+def _engine_fault_problems(known: Known, at: Loc, fault: EngineFault) -> Iterator[Problem]:
+    engine = known.engine
+    if fault.kind != "kill" or engine is None:
+        return
+    if engine.kind != "served":
+        yield Problem(
+            (*at, "kind"),
+            "a kill fault needs a served engine (engine.kind: served): it SIGKILLs a vllm serve "
+            f"process the harness started, and engine.kind is {engine.kind!r}",
+        )
+    elif fault.server >= engine.servers:
+        yield Problem(
+            (*at, "server"),
+            f"server {fault.server} does not exist: engine.servers is {engine.servers} "
+            "(servers are numbered from 0)",
+        )
+
+
+def _network_fault_problems(known: Known, at: Loc, fault: NetworkFault) -> Iterator[Problem]:
+    engine, batch = known.engine, known.batch
+    if fault.link == "engine" and engine is not None:
+        endpoints = engine.proxied_endpoints
+        if endpoints == 0:
+            yield Problem(
+                (*at, "link"),
+                "link 'engine' needs an engine behind HTTP (engine.kind: served or openai): the fault "
+                f"proxy sits on the connections to its endpoints, and engine.kind is {engine.kind!r}",
+            )
+        elif fault.endpoint is not None and fault.endpoint >= endpoints:
+            count = f"engine.servers is {endpoints}" if engine.kind == "served" else f"{endpoints} endpoints"
+            yield Problem(
+                (*at, "endpoint"),
+                f"endpoint {fault.endpoint} does not exist: {count} (endpoints are numbered from 0)",
+            )
+    if fault.link == "tool" and fault.endpoint is not None:
+        yield Problem((*at, "endpoint"), "endpoint only goes with link 'engine': the tool server is one")
+    if fault.link == "tool" and batch is not None and batch.env != "tool_use":
+        yield Problem(
+            (*at, "link"),
+            "link 'tool' needs batch.env: tool_use: only the bundled tool env talks to a tool server the "
+            f"harness can put a proxy in front of, and batch.env is {batch.env!r}",
+        )
+
+
+def _targeting_problems(known: Known, at: Loc, fault: EnvFault | EngineFault) -> Iterator[Problem]:
+    """A filter naming a rollout, turn or attempt the batch never has makes a fault that never fires, and
+    a scenario whose fault never fires holds without testing anything (see ``harness.faults`` for where
+    each call is: a filter never matches a call whose coordinate is unknown)."""
+    when = fault.when
+    if known.pipeline and isinstance(fault, EngineFault):
+        for name in ("rollouts", "attempts", "turns"):
+            if getattr(when, name) is not None:
+                yield Problem(
+                    (*at, "when", name),
+                    f"{name} never match here: in a user pipeline an engine call has no rollout, attempt "
+                    "or turn; target it with nth_call or probability",
+                )
+        return
+    if isinstance(fault, EnvFault) and fault.method == "reset" and when.turns is not None:
+        yield Problem(
+            (*at, "when", "turns"),
+            "turns never match a reset fault: reset has no turn (turns count the steps since reset)",
+        )
+    for name, limit, why in _limits(known):
+        values: list[int] | None = getattr(when, name)
+        for position, value in enumerate(values or []):
+            if value >= limit:
+                singular = name.removesuffix("s")
+                yield Problem((*at, "when", name, position), f"{singular} {value} never happens: {why}")
+
+
+def _limits(known: Known) -> list[tuple[str, int, str]]:
+    """(filter, how many there are, why) for each targeting filter whose range is known."""
+    tasks, config = known.tasks, known.config
+    if known.pipeline is None:
+        return []
+    if known.pipeline:
+        limits = [("attempts", 1, "in a user pipeline every env call is attempt 0")]
+        if tasks is not None:
+            why = (
+                f"in a user pipeline an env's rollout is its task's index, and the batch has {tasks} "
+                "tasks (numbered from 0)"
+            )
+            limits.append(("rollouts", tasks, why))
+        return limits
+    if config is None:
+        return []
+    attempts = config.retry.attempts if config.retry is not None else 1
+    limits = [
+        (
+            "attempts",
+            attempts,
+            f"a rollout gets {attempts} attempt{'s' if attempts != 1 else ''} "
+            "(runner.retry.attempts, 1 without retry), numbered from 0",
+        ),
+        ("turns", config.max_turns, f"runner.max_turns is {config.max_turns} (turns are numbered from 0)"),
+    ]
+    if tasks is not None:
+        rollouts = tasks * config.n_samples_per_prompt
+        why = (
+            f"the batch has {rollouts} rollouts ({tasks} tasks x runner.n_samples_per_prompt "
+            f"{config.n_samples_per_prompt}), numbered from 0"
+        )
+        limits.insert(0, ("rollouts", rollouts, why))
+    return limits
