@@ -1,4 +1,4 @@
-"""One rollout: the multi-turn agent loop between an engine and a text env (DESIGN.md §3).
+"""One rollout: the multi-turn agent loop between an engine and a text env.
 
 The env is created, reset, stepped and closed in a thread pool (gymnasium envs are synchronous), one
 call at a time per env, and closed in ``finally`` on every exit path.
@@ -22,8 +22,9 @@ import gymnasium
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
 from gym_resilience.env import ResilientEnv
-from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError, describe_exception
+from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError, describe_exception, root_cause
 from gym_resilience.isolation import IsolatedEnv, StartAbort
+from gym_resilience.metrics import log_close_failure
 from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, format_rollout_header
 from gym_resilience.tasks import ChatMessage, Task
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory, TrajectoryId
@@ -65,7 +66,7 @@ class ChatCodec:
     """Turns chat messages into token ids and generated ids into text, for one tokenizer.
 
     Observations are encoded as a continuation of the conversation: the template applied to a fixed
-    base conversation plus the new messages, minus the base's own ids (the seed framework's method).
+    base conversation plus the new messages, minus the base's own ids (SkyRL's generator's method).
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -297,7 +298,13 @@ async def run_agent_loop(
             timeout_s=config.close_timeout_s,
             what="env close",
         )
-    closing.result()
+    try:
+        closing.result()
+    except Exception as error:
+        # The episode is complete, so its trajectory is good data whatever teardown did (SkyRL's
+        # generator keeps it too): the failure is logged and counted in env_close_errors, not raised.
+        result.close_error = describe_exception(root_cause(error))
+        log_close_failure(progress.rollout_index, trajectory_id, error)
     return result
 
 

@@ -1,16 +1,52 @@
-"""Batch metrics: rollout errors by type, root cause and phase; completion times; rewards (DESIGN.md §3)."""
+"""Batch metrics, and the log records that report a batch's failures.
+
+Three sets of metrics go into ``rollout_metrics``:
+
+- ``batch_metrics``, the project's own, from the rollouts before substitution: errors by type, root
+  cause and phase, completion times (failed rollouts included, with their time until the failure),
+  retries, ``env_close_errors``, and ``reward/mean`` over the successful rollouts only;
+- ``generate_metrics``, SkyRL's ``generate/*`` names computed as SkyRL's generator computes them: over
+  every row, placeholders included (a placeholder's one pad token counts in ``generate/min_num_tokens``),
+  before ``zero_reward_on_non_stop`` and ``apply_overlong_filtering``;
+- ``reward_metrics``, the reward metrics SkyRL's trainer computes from the batch it receives:
+  ``reward/avg_raw_reward`` and ``reward/mean_positive_reward`` over every row, placeholders included
+  (their reward is 0.0), after post-processing.
+
+Failures are logged through the ``gym_resilience.runner`` logger: one WARNING per contained failure
+(a failed rollout, a failed attempt that is retried, an env whose close failed after a complete
+episode) and one WARNING per batch that had any. No handler is installed, so in a program that
+configures no logging the WARNING records still reach Python's last-resort handler (stderr).
+"""
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from itertools import chain
+from typing import Any
 
-from gym_resilience.errors import root_cause
+import numpy as np
+import tenacity
+
+from gym_resilience.errors import describe_exception, root_cause
 from gym_resilience.placeholders import FailedRollout
-from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory
+from gym_resilience.trajectories import AnyTrajectory, BatchOutput, StepWiseTrajectory, TrajectoryId
 
-__all__ = ["batch_metrics"]
+__all__ = [
+    "LOGGER_NAME",
+    "batch_metrics",
+    "generate_metrics",
+    "log_batch_summary",
+    "log_close_failure",
+    "log_failed_rollout",
+    "log_retry",
+    "reward_metrics",
+]
+
+LOGGER_NAME = "gym_resilience.runner"
+logger = logging.getLogger(LOGGER_NAME)
 
 
 def _total_reward(output: AnyTrajectory) -> float:
@@ -28,7 +64,9 @@ def batch_metrics(
 
     Errors are counted by the failure's type (``rollout_errors/type/EnvStepError``), by its root cause
     (``rollout_errors/cause/ConnectionError``) and by phase. Completion times cover every rollout,
-    failed ones included (their measured time until failure).
+    failed ones included (their measured time until failure). ``env_close_errors`` counts the
+    successful rollouts whose env failed to close (they are kept). ``reward/mean`` is over the
+    successful rollouts only; ``reward_metrics`` gives SkyRL's every-row means.
     ``attempts`` maps a rollout's index to its attempts, for the rollouts that were retried.
     """
     failures = [o for o in outputs if isinstance(o, FailedRollout)]
@@ -38,6 +76,7 @@ def batch_metrics(
         "rollouts": float(total),
         "rollout_errors": float(len(failures)),
         "rollout_error_rate": len(failures) / total if total else 0.0,
+        "env_close_errors": float(sum(1 for o in successes if o.close_error is not None)),
         "batch_time_s": elapsed_s,
     }
     for name, count in Counter(type(f.exception).__name__ for f in failures).items():
@@ -63,3 +102,180 @@ def batch_metrics(
         rewards = [_total_reward(o) for o in successes]
         metrics["reward/mean"] = statistics.fmean(rewards)
     return metrics
+
+
+# SkyRL's metrics. They are computed with NumPy as SkyRL computes them (population standard deviation,
+# linearly interpolated percentiles), so the same batch gives the same numbers on both sides.
+
+
+def _row_rewards(output: BatchOutput) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """One reward per row: a token-level reward is summed."""
+    return np.array([float(sum(r)) if isinstance(r, list) else float(r) for r in output.rewards], dtype=float)
+
+
+def _turn_token_counts(loss_masks: Sequence[Sequence[int]]) -> np.ndarray[Any, np.dtype[np.intp]]:
+    """The length of every run of consecutive 1s in the loss masks: the tokens of each generated turn."""
+    # A 0 before every row and one at the end, so no run spans two rows and every run has an end.
+    flat = np.fromiter(chain.from_iterable(chain((0,), mask) for mask in loss_masks), dtype=np.int8)
+    edges = np.diff(np.concatenate((flat != 0, [False])).astype(np.int8))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+
+
+def _add_time_stats(metrics: dict[str, float], name: str, times: Sequence[float] | None) -> None:
+    if not times:
+        return
+    values = np.array(times, dtype=float)
+    metrics[f"generate/trajectory_time_{name}_mean"] = float(np.mean(values))
+    metrics[f"generate/trajectory_time_{name}_p90"] = float(np.percentile(values, 90))
+    metrics[f"generate/trajectory_time_{name}_max"] = float(np.max(values))
+
+
+def _per_rollout(output: BatchOutput, column: list[float]) -> list[float]:
+    """A per-row column with one entry per rollout: step-wise, the entry of each rollout's last step."""
+    if output.is_last_step is None:
+        return column
+    return [value for value, last in zip(column, output.is_last_step, strict=False) if last]
+
+
+def generate_metrics(output: BatchOutput) -> dict[str, float]:
+    """SkyRL's ``generate/*`` metrics of a batch, over every row, placeholders included.
+
+    Call it before post-processing, as SkyRL's generator does. Token counts are per row (step-wise: per
+    step); completion times and their splits are per rollout. The ``environment/*`` metrics SkyRL adds
+    per env class are not computed: a batch has no env classes.
+    """
+    if not output.response_ids:
+        return {}
+    tokens = np.array([len(response) for response in output.response_ids])
+    rewards = _row_rewards(output)
+    rewarded, unrewarded = tokens[rewards > 0.0], tokens[rewards == 0.0]
+    assistant = np.array([sum(mask) for mask in output.loss_masks])
+    metrics = {
+        "generate/min_num_tokens": float(np.min(tokens)),
+        "generate/max_num_tokens": float(np.max(tokens)),
+        "generate/avg_num_tokens": float(np.mean(tokens)),
+        "generate/std_num_tokens": float(np.std(tokens)),
+        "generate/avg_tokens_non_zero_rewards": float(np.mean(rewarded)) if rewarded.size else 0.0,
+        "generate/avg_tokens_zero_rewards": float(np.mean(unrewarded)) if unrewarded.size else 0.0,
+        "generate/avg_assistant_tokens": float(np.mean(assistant)),
+        "generate/min_assistant_tokens": float(np.min(assistant)),
+        "generate/max_assistant_tokens": float(np.max(assistant)),
+        "generate/std_assistant_tokens": float(np.std(assistant)),
+    }
+    turns = _turn_token_counts(output.loss_masks)
+    if turns.size:
+        metrics["generate/tokens_per_turn_mean"] = float(np.mean(turns))
+        metrics["generate/tokens_per_turn_std"] = float(np.std(turns))
+        metrics["generate/tokens_per_turn_max"] = float(np.max(turns))
+    times = output.trajectory_generation_times
+    completion = None if times is None else _per_rollout(output, times)
+    splits = {
+        name: _per_rollout(output, column) for name, column in (output.trajectory_time_splits or {}).items()
+    }
+    _add_time_stats(metrics, "completion", completion)
+    for name, split in splits.items():
+        _add_time_stats(metrics, name, split)
+    if completion and splits:
+        # Time in no named part: tokenizing, templating, waiting for a thread.
+        other = np.array(completion, dtype=float) - np.sum(
+            [np.array(s, dtype=float) for s in splits.values()], 0
+        )
+        _add_time_stats(metrics, "other", other.tolist())
+    return metrics
+
+
+def reward_metrics(output: BatchOutput) -> dict[str, float]:
+    """The reward means SkyRL's trainer logs, over every row (placeholders count with their 0.0).
+
+    Call it after post-processing: SkyRL's trainer computes them from the batch it receives.
+    """
+    if not output.rewards:
+        return {}
+    positive = [
+        float(sum(max(value, 0.0) for value in reward))
+        if isinstance(reward, list)
+        else max(float(reward), 0.0)
+        for reward in output.rewards
+    ]
+    return {
+        "reward/avg_raw_reward": float(np.mean(_row_rewards(output))),
+        "reward/mean_positive_reward": float(np.mean(positive)),
+    }
+
+
+# Log records.
+
+
+def _turn(turn: int | None) -> str:
+    return "" if turn is None else f" at turn {turn}"
+
+
+def log_failed_rollout(failure: FailedRollout) -> None:
+    """One WARNING for a rollout that failed and that a placeholder will stand in for."""
+    described = failure.describe()
+    attempts = "" if failure.attempts == 1 else f" after {failure.attempts} attempts"
+    logger.warning(
+        "rollout %d (%s) failed in %s%s%s with %s, root cause %s: %s; a placeholder stands in for it",
+        failure.rollout_index,
+        failure.trajectory_id,
+        failure.phase,
+        _turn(failure.turn),
+        attempts,
+        described.error_type,
+        described.root_cause_type,
+        described.root_cause_message,
+        extra={
+            "rollout_index": failure.rollout_index,
+            "trajectory_id": str(failure.trajectory_id),
+            "rollout_failure": described,
+        },
+    )
+
+
+def log_retry(rollout_index: int, trajectory_id: TrajectoryId, state: tenacity.RetryCallState) -> None:
+    """One WARNING for a failed attempt of a rollout that is about to be retried."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    if error is None:
+        return
+    logger.warning(
+        "rollout %d (%s) attempt %d failed with %s, root cause %s; retrying",
+        rollout_index,
+        trajectory_id,
+        state.attempt_number,
+        type(error).__name__,
+        describe_exception(root_cause(error)),
+        extra={"rollout_index": rollout_index, "trajectory_id": str(trajectory_id)},
+    )
+
+
+def log_close_failure(rollout_index: int, trajectory_id: TrajectoryId, error: BaseException) -> None:
+    """One WARNING for an env whose close failed after its episode was complete (the trajectory is kept)."""
+    logger.warning(
+        "rollout %d (%s): closing its env failed after the episode was complete, so the trajectory is "
+        "kept; root cause %s",
+        rollout_index,
+        trajectory_id,
+        describe_exception(root_cause(error)),
+        extra={"rollout_index": rollout_index, "trajectory_id": str(trajectory_id)},
+    )
+
+
+def log_batch_summary(metrics: Mapping[str, float]) -> None:
+    """One WARNING for a batch that had failed rollouts or env close failures; nothing otherwise."""
+    failed, closes = int(metrics.get("rollout_errors", 0)), int(metrics.get("env_close_errors", 0))
+    parts = []
+    if failed:
+        prefix = "rollout_errors/cause/"
+        causes = ", ".join(
+            f"{name.removeprefix(prefix)} x{int(count)}"
+            for name, count in sorted(metrics.items())
+            if name.startswith(prefix)
+        )
+        parts.append(
+            f"{failed} of {int(metrics.get('rollouts', 0))} rollouts failed and placeholders stand in for "
+            f"them (root causes: {causes})"
+        )
+    if closes:
+        parts.append(f"{closes} envs failed to close after a complete episode (their trajectories are kept)")
+    if parts:
+        logger.warning("batch: %s", "; ".join(parts), extra={"rollout_metrics": dict(metrics)})

@@ -1,8 +1,9 @@
-"""The bundled validator for ``BatchOutput`` (DESIGN.md §2).
+"""The bundled validator for ``BatchOutput`` and for SkyRL's ``GeneratorOutput`` dict.
 
 ``validate_batch_output`` runs every ``check_*`` function and raises one ``OutputValidationError`` that
 lists every problem found, not just the first. Each check tests one invariant and returns the problems it
-found as strings; checks never raise on malformed input, they report it.
+found as strings; checks never raise on malformed input, they report it. A ``GeneratorOutput`` dict is
+read as ``BatchOutput.from_dict`` reads it and held to the same checks.
 
 Every problem reads ``"<where>: <column> <what is wrong>"``, where ``<where>`` is ``sample <index>`` for
 one row and ``batch`` for the batch as a whole, e.g. ``sample 3: loss_masks has 4 entries but response_ids
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from numbers import Real
 from typing import Any, Final
 
@@ -47,7 +49,13 @@ REQUIRED_COLUMNS: Final = (
 )
 """Per-sample columns every batch has."""
 
-OPTIONAL_COLUMNS: Final = ("rollout_logprobs", "trajectory_generation_times", "is_last_step")
+OPTIONAL_COLUMNS: Final = (
+    "rollout_logprobs",
+    "trajectory_generation_times",
+    "is_last_step",
+    "env_metrics",
+    "rollout_expert_indices",
+)
 """Per-sample columns that may be None (``is_last_step`` is required in step-wise mode)."""
 
 _NESTED_COLUMNS: Final = ("prompt_token_ids", "response_ids", "loss_masks", "rollout_logprobs")
@@ -372,7 +380,40 @@ def check_generation_times(output: BatchOutput) -> list[str]:
     ]
 
 
-# Per-sample checks: placeholders (DESIGN.md §3).
+def check_env_metrics_rows(output: BatchOutput) -> list[str]:
+    """Rows of ``env_metrics`` (when the column exists) are dicts."""
+    return [
+        f"sample {index}: env_metrics is {_show(row)}, expected a dict"
+        for index, row in enumerate(_column(output, "env_metrics"))
+        if not isinstance(row, Mapping)
+    ]
+
+
+def check_time_splits(output: BatchOutput) -> list[str]:
+    """``trajectory_time_splits`` is None or maps each part's name to one time per row, each >= 0."""
+    splits = getattr(output, "trajectory_time_splits", None)
+    if splits is None:
+        return []
+    if not isinstance(splits, Mapping):
+        return [f"batch: trajectory_time_splits is {_show(splits)}, expected a dict of lists or None"]
+    size = _batch_size(output)
+    problems = []
+    for name, times in splits.items():
+        where = f"trajectory_time_splits[{name!r}]"
+        if not isinstance(times, list):
+            problems.append(f"batch: {where} is {_show(times)}, expected a list")
+            continue
+        if size is not None and len(times) != size:
+            problems.append(f"batch: {where} has {len(times)} rows but response_ids has {size}")
+        problems.extend(
+            f"sample {index}: {where} is {_show(seconds)}, expected a finite number >= 0"
+            for index, seconds in enumerate(times)
+            if not (_is_finite_real(seconds) and seconds >= 0)
+        )
+    return problems
+
+
+# Per-sample checks: placeholders.
 
 
 def _placeholder_rows(output: BatchOutput) -> Iterator[int]:
@@ -563,6 +604,8 @@ CHECKS: Final[tuple[Check, ...]] = (
     check_is_placeholder_types,
     check_trajectory_id_types,
     check_generation_times,
+    check_env_metrics_rows,
+    check_time_splits,
     check_placeholder_responses,
     check_placeholder_loss_masks,
     check_placeholder_rewards,
@@ -584,15 +627,41 @@ STEP_WISE_CHECKS: Final[tuple[Check, ...]] = (
 """Checks that run in step-wise mode only."""
 
 
-def validate_batch_output(output: BatchOutput, num_prompts: int, *, step_wise: bool = False) -> None:
-    """Check that ``output`` meets the contract a trainer relies on (DESIGN.md §2).
+def _as_batch_output(output: object) -> tuple[BatchOutput, list[str]]:
+    """The ``BatchOutput`` to check, with the problems found on the way (missing keys of a mapping).
 
+    An empty ``is_placeholder`` (the field's default) means no placeholders: it becomes all False.
+    """
+    problems: list[str] = []
+    if isinstance(output, Mapping):
+        problems = BatchOutput.missing_keys(output)
+        output = BatchOutput.from_mapping_unchecked(output)
+    elif not isinstance(output, BatchOutput):
+        raise TypeError(
+            "validate_batch_output expects a BatchOutput or a mapping with the keys of SkyRL's "
+            f"GeneratorOutput, got {type(output).__name__}"
+        )
+    flags, size = getattr(output, "is_placeholder", None), _batch_size(output)
+    if size and isinstance(flags, list) and not flags:
+        output = replace(output, is_placeholder=[False] * size)
+    return output, problems
+
+
+def validate_batch_output(
+    output: BatchOutput | Mapping[str, Any], num_prompts: int, *, step_wise: bool = False
+) -> None:
+    """Check that ``output`` meets the contract a trainer relies on.
+
+    ``output`` is a ``BatchOutput`` or SkyRL's ``GeneratorOutput`` dict (``BatchOutput.to_dict()``'s, or
+    one SkyRL's generator made), read as ``BatchOutput.from_dict`` reads it: its placeholders are the
+    ``"rollout_error"`` rows. A dict that lacks a required key is reported by those keys alone.
     ``num_prompts`` is the number of rows the trainer sent (tasks x samples per task); a step-wise batch
     has one row per step, so its size is not compared with it.
 
     Raises:
         OutputValidationError: listing every problem found, each naming the sample (or ``batch``) and
             the column.
+        TypeError: ``output`` is neither a ``BatchOutput`` nor a mapping.
 
     Warns:
         OutputValidationWarning: when the batch is valid but every loss mask is all zeros.
@@ -603,18 +672,21 @@ def validate_batch_output(output: BatchOutput, num_prompts: int, *, step_wise: b
         ...     prompt_ids=[1], response_ids=[2, 3], reward=1.0, loss_mask=[1, 1], stop_reason="stop"
         ... )
         >>> validate_batch_output(build_batch_output([row]), num_prompts=1)
+        >>> validate_batch_output(build_batch_output([row]).to_dict(), num_prompts=1)
     """
-    problems: list[str] = []
-    for check in CHECKS:
-        problems.extend(check(output))
-    if step_wise:
-        for check in STEP_WISE_CHECKS:
-            problems.extend(check(output))
-    else:
-        problems.extend(check_batch_size(output, num_prompts))
+    batch, problems = _as_batch_output(output)
     if problems:
         raise OutputValidationError(problems)
-    if not any(map(any, output.loss_masks)):
+    for check in CHECKS:
+        problems.extend(check(batch))
+    if step_wise:
+        for check in STEP_WISE_CHECKS:
+            problems.extend(check(batch))
+    else:
+        problems.extend(check_batch_size(batch, num_prompts))
+    if problems:
+        raise OutputValidationError(problems)
+    if not any(map(any, batch.loss_masks)):
         warnings.warn(
             "every loss mask in the batch is all zeros: no token will be trained on and the loss may be NaN",
             OutputValidationWarning,

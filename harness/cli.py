@@ -19,14 +19,27 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
+from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError
-
 from gym_resilience import ScenarioError
+
+CHAOS_EXTRA = {"yaml": "PyYAML", "pydantic": "pydantic", "matplotlib": "matplotlib", "faker": "faker"}
+"""The ``[chaos]`` extra of pyproject.toml: each package's import name and distribution name."""
+
+# The console script imports this module first: a core install (no [chaos] extra) gets one line naming
+# the extra and exit code 2, not a traceback from the imports below, nor a missing matplotlib after a run.
+if _missing := [package for module, package in CHAOS_EXTRA.items() if util.find_spec(module) is None]:
+    print(
+        f"gym-resilience: the chaos harness needs the [chaos] extra ({', '.join(_missing)} not installed): "
+        "pip install 'gym-resilience[chaos]'",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+import yaml  # noqa: E402 - after the check above
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError  # noqa: E402
 
 if TYPE_CHECKING:
     from harness.compile import CompiledScenario
@@ -48,7 +61,7 @@ Chaos scenarios for RL rollout pipelines: each scenario runs a batch of rollouts
 generation twice, fault-free and with injected env, engine and network faults, and checks what must
 still hold (the batch keeps its size, no env is left open, surviving trajectories are unchanged).
 
-Scenario files are YAML; scenarios/README.md describes them."""
+Scenario files are YAML; docs/scenarios.md describes them."""
 
 _EXIT_CODES = """\
 exit codes:

@@ -1,7 +1,7 @@
 """The probes a scenario may check: one registry of each probe's name, what it observes, and how.
 
 The scenario models accept exactly these names (and ``metrics.<key>``), :func:`observe` computes
-every one of them from a scenario's two runs, and scenarios/README.md documents this table (a test
+every one of them from a scenario's two runs, and docs/scenarios.md documents this table (a test
 checks that the two agree).
 """
 

@@ -41,7 +41,7 @@ from harness.spec import (
 )
 
 INVALID_DIR = Path(__file__).parent / "invalid_scenarios"
-README = Path(__file__).parent.parent / "scenarios" / "README.md"
+README = Path(__file__).parent.parent / "docs" / "scenarios.md"
 
 # Every file in invalid_scenarios/ and the exact message after its path (a list: every problem, in order):
 # a file without an entry fails.

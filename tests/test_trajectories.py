@@ -1,4 +1,4 @@
-"""``build_batch_output`` lays trajectories out as the columns a trainer consumes (DESIGN.md §2)."""
+"""``build_batch_output`` lays trajectories out as the columns a trainer consumes."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def make(
     e2e: float | None = 1.0,
     stop: str = "stop",
     placeholder: bool = False,
+    splits: dict[str, float] | None = None,
+    env_metrics: dict[str, float] | None = None,
 ) -> Trajectory:
     return Trajectory(
         prompt_ids=prompt if prompt is not None else [7, 8],
@@ -39,6 +41,8 @@ def make(
         trajectory_id=tid,
         e2e_time=e2e,
         is_placeholder=placeholder,
+        time_splits=splits,
+        env_metrics=env_metrics or {},
     )
 
 
@@ -63,8 +67,71 @@ def test_trajectory_level_rows_are_laid_out_in_order() -> None:
         is_placeholder=[False, False],
         rollout_metrics={"rollout_error_rate": 0.0},
         trajectory_generation_times=[2.0, 3.5],
+        trajectory_time_splits=None,
+        rollout_expert_indices=None,
+        env_metrics=[{}, {}],
     )
     assert len(output) == 2
+
+
+def test_trajectory_id_has_the_names_of_skyrls_trajectory_id() -> None:
+    tid = TrajectoryId("task-3", 2)
+    assert tid.repetition_id == 2
+    assert tid.to_string() == "task-3_2" == str(tid)
+
+
+class SkyRLStyleId:
+    """What SkyRL's TrajectoryID offers: instance_id and repetition_id."""
+
+    def __init__(self, instance_id: str, repetition_id: int) -> None:
+        self.instance_id = instance_id
+        self.repetition_id = repetition_id
+
+
+def test_coerce_reads_skyrl_ids_and_strings_and_leaves_anything_else_for_the_validator() -> None:
+    assert TrajectoryId.coerce(A) is A
+    assert TrajectoryId.coerce(SkyRLStyleId("q_7", 3)) == TrajectoryId("q_7", 3)
+    assert TrajectoryId.coerce("q_7_3") == TrajectoryId("q_7", 3)
+    for value in ("q", "q_", "_3", "q_\u00b2", 7, None, ("q", 3), SkyRLStyleId("q", True)):
+        assert TrajectoryId.coerce(value) is value
+
+
+def test_env_metrics_are_one_dict_per_row_copied() -> None:
+    source = {"steps": 3.0}
+    output = build_batch_output([make([10], env_metrics=source), make([11])])
+    assert output.env_metrics == [{"steps": 3.0}, {}]
+    assert output.env_metrics is not None
+    output.env_metrics[0]["steps"] = 9.0
+    assert source == {"steps": 3.0}
+
+
+def test_time_splits_are_one_list_per_part_with_one_entry_per_row() -> None:
+    step_split = {"llm": 1.0, "env": 2.0}
+    output = build_batch_output(
+        [
+            make([10], splits={"llm": 0.5, "env": 0.25}),
+            StepWiseTrajectory(
+                steps=[make([11], splits=step_split), make([12], splits=step_split)],
+                e2e_time=3.5,
+            ),
+        ]
+    )
+    assert output.trajectory_time_splits == {"llm": [0.5, 1.0, 1.0], "env": [0.25, 2.0, 2.0]}
+
+
+@pytest.mark.parametrize(
+    "second", [None, {"llm": 1.0}, {"llm": 1.0, "tool": 2.0}], ids=["missing", "fewer", "other"]
+)
+def test_time_splits_are_none_when_a_row_lacks_its_split_or_splits_differently(
+    second: dict[str, float] | None,
+) -> None:
+    output = build_batch_output([make([10], splits={"llm": 0.5, "env": 0.25}), make([11], splits=second)])
+    assert output.trajectory_time_splits is None
+
+
+def test_close_error_defaults_to_none() -> None:
+    assert make([10]).close_error is None
+    assert StepWiseTrajectory(steps=[]).close_error is None
 
 
 def test_token_level_rewards_are_laid_out_per_row() -> None:
