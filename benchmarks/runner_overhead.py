@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import time
@@ -81,7 +82,8 @@ async def scripted_overhead(rounds: int) -> None:
                 runner = BatchRunner(
                     engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2)
                 )
-                samples.setdefault((n, flag), []).append(await timed(lambda r=runner, b=batch: r.generate(b)))
+                elapsed = await timed(functools.partial(runner.generate, batch))
+                samples.setdefault((n, flag), []).append(elapsed)
     median = {key: statistics.median(values) for key, values in samples.items()}
     print("(a) scripted engine, 2 turns per rollout, medians of", rounds, "rounds")
     for n in (1_000, 10_000):

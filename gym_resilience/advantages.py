@@ -1,4 +1,4 @@
-"""Group-relative (GRPO) advantages that placeholders cannot bias (DESIGN.md §3, "Beyond the seed").
+"""Group-relative (GRPO) advantages that placeholders cannot bias.
 
 GRPO samples several responses per prompt (a *group*) and scores each against its siblings::
 

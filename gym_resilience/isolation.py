@@ -1,4 +1,4 @@
-"""Isolated envs: an env in a worker process, so that a deadline can kill it (DESIGN.md §1 item 4).
+"""Isolated envs: an env in a worker process, so that a deadline can kill it.
 
 A thread that runs ``env.step`` cannot be stopped, so a deadline on it could only stop waiting, not stop the
 env. :class:`IsolatedEnv` builds the env in a worker process instead, as Gymnasium's ``AsyncVectorEnv``

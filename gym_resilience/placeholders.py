@@ -1,4 +1,4 @@
-"""Failed-rollout markers and the placeholders that stand in for them (DESIGN.md §3).
+"""Failed-rollout markers and the placeholders that stand in for them.
 
 Pure functions: substitution happens after every rollout finished, because the reward shape
 (trajectory- or token-level) is only known from a successful rollout.

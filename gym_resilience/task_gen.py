@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 import gymnasium
 
 from gym_resilience.envs import TOOL_USE_ID, WORD_GAME_ID
+from gym_resilience.errors import DependencyNotInstalledError
 from gym_resilience.tasks import ChatMessage, Task
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 __all__ = ["EnvName", "ToolEnvFactory", "generate_tasks", "tool_env_factory", "word_game_factory"]
 
 EnvName = Literal["word_game", "tool_use"]
+
+_FAKER_EXTRA: Final = "'gym-resilience[chaos]' (the vllm-cpu and vllm extras include faker too)"
 
 _ITEMS: Final = (
     "printer cartridges", "office chairs", "laptops", "coffee mugs", "safety helmets", "desk lamps",
@@ -37,6 +40,9 @@ def generate_tasks(
     Each prompt is a system and a user message; ``env_kwargs`` holds what the env's constructor
     takes (``secret`` or ``target``, and ``max_turns``: 8 for the word game, 4 for tool use, unless
     given). Uses its own seeded ``Faker``: the global ``random`` state is left alone.
+
+    Raises:
+        DependencyNotInstalledError: faker is not installed (it is not a core dependency).
     """
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
@@ -51,8 +57,8 @@ def generate_tasks(
 def _faker(seed: int) -> Faker:
     try:
         from faker import Faker
-    except ImportError as exc:  # faker is a test extra, not a core dependency
-        raise ImportError("generate_tasks needs faker: pip install 'gym-resilience[test]'") from exc
+    except ImportError as exc:  # not a core dependency: the extras that run the bundled envs bring it
+        raise DependencyNotInstalledError(package="faker", extra=_FAKER_EXTRA) from exc
     fake = Faker("en_US")
     fake.seed_instance(seed)
     return fake

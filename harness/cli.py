@@ -142,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
         "-v",
         "--verbose",
         action="store_true",
-        help="show vLLM's own log (off unless VLLM_LOGGING_LEVEL is set)",
+        help="show vLLM's own log (off unless VLLM_LOGGING_LEVEL is set) and gym_resilience's warnings "
+        "about the failures it contained (the reports name them all)",
     )
     run.add_argument(
         "-k",
@@ -429,8 +430,16 @@ def _quiet_vllm(verbose: bool) -> None:
     logging.getLogger("vllm").setLevel(level)  # in case vLLM was imported already
 
 
+def _quiet_contained_failures(verbose: bool) -> None:
+    """The runner logs a warning per contained failure; a chaos run causes them on purpose and its
+    reports name every one, so they show only with ``-v``."""
+    if not verbose:
+        logging.getLogger("gym_resilience").setLevel(logging.ERROR)
+
+
 def _run(args: argparse.Namespace) -> int:
     _quiet_vllm(args.verbose)
+    _quiet_contained_failures(args.verbose)
     if args.keyword is not None:
         _Keyword(args.keyword)  # a malformed expression is refused before anything is loaded
     suite = _load(args.paths)

@@ -1,8 +1,12 @@
 """A pytest plugin: ``pytest scenarios/`` collects each scenario YAML file as one test item.
 
+Installing gym-resilience registers it with every pytest run (the ``pytest11`` entry point), so it is
+opt-in: it collects only in a project whose pytest configuration sets ``gym_resilience_scenarios =
+true`` (or a run given ``-o gym_resilience_scenarios=true``), and there only YAML files inside a folder
+named ``scenarios``. Every other project's test run stays as it was.
+
 Items of a session share one event loop and one ``Bench`` (the vLLM engines), closed when the session
-ends. ``--chaos-device cuda`` runs vLLM on a GPU. Only YAML files inside a folder named ``scenarios``
-are collected, so the plugin stays out of every other test run.
+ends. ``--chaos-device cuda`` runs vLLM on a GPU.
 """
 
 from __future__ import annotations
@@ -15,10 +19,19 @@ import pytest
 
 __all__ = ["ScenarioItem"]
 
+OPT_IN = "gym_resilience_scenarios"
+"""The ini option (a bool, default false) that turns scenario collection on in a project."""
+
 _BENCH = pytest.StashKey[tuple[asyncio.Runner, Any]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        OPT_IN,
+        "collect YAML files inside folders named scenarios as chaos scenarios",
+        type="bool",
+        default=False,
+    )
     group = parser.getgroup("gym_resilience chaos")
     group.addoption(
         "--chaos-device", choices=("cpu", "cuda"), default="cpu", help="where vLLM runs for scenario items"
@@ -26,7 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if file_path.suffix in (".yaml", ".yml") and "scenarios" in file_path.parent.parts:
+    opted_in = parent.config.getini(OPT_IN)
+    if opted_in and file_path.suffix in (".yaml", ".yml") and "scenarios" in file_path.parent.parts:
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
 

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md §3, "Beyond the seed"): placeholders must not bias GRPO.
+"""Group-relative advantages: placeholders must not bias GRPO.
 
 The hand-worked batch used throughout::
 
@@ -78,7 +78,7 @@ def real(
 
 
 def placeholder(instance: str, repetition: int, *, token_level: bool = False) -> Trajectory:
-    """The placeholder of DESIGN.md §3."""
+    """A placeholder as the runner builds it."""
     return Trajectory(
         prompt_ids=[0],
         response_ids=[0],

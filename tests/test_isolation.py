@@ -1,5 +1,5 @@
 """Isolated envs: deadlines that kill a worker process, typed errors across the process boundary, and no
-process left behind on any exit path (DESIGN.md §1 item 4)."""
+process left behind on any exit path."""
 
 from __future__ import annotations
 

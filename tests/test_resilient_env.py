@@ -1,4 +1,4 @@
-"""ResilientEnv: close exactly once on every exit path, typed errors, reset retries (DESIGN §1)."""
+"""ResilientEnv: close exactly once on every exit path, typed errors, reset retries."""
 
 from __future__ import annotations
 

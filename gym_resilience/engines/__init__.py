@@ -4,7 +4,14 @@
 ``VLLMServer`` load lazily: vllm and httpx are imported only when used.
 """
 
+from typing import TYPE_CHECKING
+
 from gym_resilience.engines.base import Engine, FinishReason, Generation, Sampling, Tokenizer
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types (``__getattr__`` returns ``object``)
+    from gym_resilience.engines.openai import OpenAIEngine, OpenAIEngineStats
+    from gym_resilience.engines.servers import VLLMServer, aservers, servers
+    from gym_resilience.engines.vllm import VLLMEngine
 
 __all__ = [
     "Engine",

@@ -1,4 +1,4 @@
-"""The engine protocol: token ids in, token ids, logprobs and a finish reason out (DESIGN.md §4)."""
+"""The engine protocol: token ids in, token ids, logprobs and a finish reason out."""
 
 from __future__ import annotations
 

