@@ -21,7 +21,7 @@ from gym_resilience import (
     validate_batch_output,
 )
 from harness.compare import Comparison
-from harness.results import FaultFiring
+from harness.results import EndpointSpan, FaultFiring
 
 __all__ = [
     "METRICS_PREFIX",
@@ -53,6 +53,8 @@ class RunOutcome:
     spans: list[Any] = field(default_factory=list)
     failovers: int = 0
     end_s: float | None = None
+    endpoints: list[EndpointSpan] = field(default_factory=list)
+    """Served endpoints' stretches out of rotation and failovers (none for an in-process engine)."""
 
 
 @dataclass(frozen=True)

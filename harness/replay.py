@@ -39,6 +39,7 @@ from gym_resilience.envs import ToolServer
 from gym_resilience.task_gen import tool_env_factory, word_game_factory
 from harness.compare import compare_outputs
 from harness.compile import CompiledScenario
+from harness.endpoints import EndpointWatch
 from harness.faults import (
     FaultPlan,
     FaultyEngine,
@@ -141,13 +142,13 @@ def _normalise(produced: Any) -> tuple[list[AnyTrajectory] | None, BatchOutput]:
 @contextlib.asynccontextmanager
 async def _engine_for(
     scenario: CompiledScenario, bench: Bench, proxies: contextlib.ExitStack, plan: FaultPlan
-) -> AsyncIterator[tuple[Engine, Callable[[int], None] | None, Callable[[], int]]]:
+) -> AsyncIterator[tuple[Engine, Callable[[int], None] | None, Callable[[], int], EndpointWatch | None]]:
     """The scenario's engine for one run: in-process, or an ``OpenAIEngine`` over the served or given
     endpoints (each through a fault proxy when a network fault of ``plan`` targets the engine link)."""
     spec = scenario.spec.engine
     model_dir = bench.model_dir(scenario)
     if spec.kind == "vllm":
-        yield await bench.local(model_dir, spec.max_model_len), None, lambda: 0
+        yield await bench.local(model_dir, spec.max_model_len), None, lambda: 0, None
         return
     from gym_resilience.engines.openai import OpenAIEngine
 
@@ -166,7 +167,9 @@ async def _engine_for(
             for endpoint, url in enumerate(urls)
         ]
     async with OpenAIEngine(urls, tokenizer_dir=model_dir, headers=rollout_headers) as engine:
-        yield engine, kill, lambda: engine.stats.failovers
+        watch = EndpointWatch(lambda: engine.stats, plan.start)
+        async with watch.watching():
+            yield engine, kill, lambda: engine.stats.failovers, watch
 
 
 async def run_batch(
@@ -199,7 +202,7 @@ async def run_batch(
             if tool_faults:
                 tool_url = stack.enter_context(FaultProxy(tool_url, tool_faults, plan)).url
         factory = ledger.factory(FaultyEnvFactory(_base_factory(scenario, tool_url), plan, index_of, spans))
-        async with _engine_for(scenario, bench, stack, plan) as (engine, kill, failovers):
+        async with _engine_for(scenario, bench, stack, plan) as (engine, kill, failovers, watch):
             faulty = FaultyEngine(engine, plan, kill=kill, spans=spans)
             before = failovers()
             start = time.perf_counter()
@@ -220,6 +223,7 @@ async def run_batch(
             wall_s = time.perf_counter() - start
             end_s = time.time() - plan.start
             moved = failovers() - before
+            endpoints = watch.finish() if watch is not None else []
     return RunOutcome(
         trajectories=trajectories,
         output=output,
@@ -232,6 +236,7 @@ async def run_batch(
         spans=spans.read(),
         failovers=moved,
         end_s=end_s,
+        endpoints=endpoints,
     )
 
 
@@ -341,6 +346,7 @@ def judge(
     result.firings = faulted.firings
     result.rollouts = rollout_records(faulted, n_rollouts, index_of, samples)
     result.baseline_rollouts = rollout_records(baseline, n_rollouts, index_of, samples)
+    result.endpoints = faulted.endpoints
     result.outcome = probes[0].observed
     result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s
     result.status = "held" if all(p.held for p in probes) else "deviated"
