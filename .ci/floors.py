@@ -34,7 +34,7 @@ def floors(pyproject: Path, extras: Sequence[str] = ()) -> list[str]:
     for requirement in requirements:
         match = _FLOOR.match(requirement.replace(" ", ""))
         if match is None:
-            raise SystemExit(f"{requirement!r} in {pyproject}: a pinned dependency needs one plain '>=' floor")
+            raise SystemExit(f"{requirement!r} in {pyproject}: a pinned dependency needs a '>=' floor")
         name = match["name"].lower().replace("_", "-")
         if pins.setdefault(name, match["version"]) != match["version"]:
             raise SystemExit(f"{name} in {pyproject}: floors {pins[name]} and {match['version']} disagree")
