@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gym_resilience import errors
+from gym_resilience.deadlines import check_seconds
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.retry import RetryPolicy
 
@@ -158,8 +159,8 @@ class RunnerConfig:
             "env_reset_timeout_s",
             "env_create_timeout_s",
         ):
-            _check_deadline(option, getattr(self, option))
-        _check_deadline("close_timeout_s", self.close_timeout_s)
+            check_seconds(option, getattr(self, option))
+        check_seconds("close_timeout_s", self.close_timeout_s)
         env_deadlines = ("env_step_timeout_s", "env_reset_timeout_s", "env_create_timeout_s")
         needs_isolation = [option for option in env_deadlines if getattr(self, option) is not None]
         if not self.isolate_envs and needs_isolation:
@@ -208,16 +209,6 @@ class RunnerConfig:
 def _check_positive(option: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UnsupportedConfigError(f"must be a positive integer, got {value!r}", option=option)
-
-
-def _check_deadline(option: str, value: float | None) -> None:
-    # Finite: an infinite deadline is no deadline (None says that), and a worker's cannot be one.
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise UnsupportedConfigError(
-            f"must be a finite number of seconds > 0 or None, got {value!r}", option=option
-        )
 
 
 # --- from_mapping: plain data to a configuration ---------------------------------------------------------

@@ -48,6 +48,7 @@ Phase = Literal["reset", "generate", "step", "close"]
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
+    "TRANSIENT_ERRORS",
     "AllRolloutsFailedError",
     "BrokenDependencyError",
     "DependencyNotInstalledError",
@@ -73,8 +74,44 @@ __all__ = [
     "UnsupportedConfigError",
     "describe_exception",
     "exception_message",
+    "is_transient",
+    "is_transient_status",
     "root_cause",
 ]
+
+TRANSIENT_ERRORS: Final[tuple[type[Exception], ...]] = (ConnectionError, TimeoutError)
+"""What is transient: a dropped or refused connection and a timed-out call (another attempt may succeed).
+
+``ConnectionError`` covers ``BrokenPipeError``, ``ConnectionResetError``, ``ConnectionRefusedError`` and
+``ConnectionAbortedError``; ``TimeoutError`` covers ``socket.timeout``, ``asyncio.TimeoutError`` and this
+library's ``EnvTimeoutError`` and ``RolloutTimeoutError``. ``RetryPolicy`` retries these by default.
+"""
+
+
+def is_transient(error: BaseException, kinds: tuple[type[BaseException], ...] = TRANSIENT_ERRORS) -> bool:
+    """Whether ``error`` or an error in its ``__cause__`` chain is one of ``kinds``.
+
+    The chain counts: an env's ``ConnectionError`` arrives wrapped in an ``EnvStepError``, and it is
+    still a connection error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kinds):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False
+
+
+def is_transient_status(status: int) -> bool:
+    """Whether an HTTP error status blames the server's state rather than the request.
+
+    5xx, 408 (timeout) and 429 (overloaded) are transient: another endpoint, or a later attempt, may
+    serve the same request. Any other 4xx blames the request. Statuses below 400 are not errors.
+    """
+    return status >= 500 or status in (408, 429)
+
 
 MAX_MESSAGE_CHARS: Final = 500
 """How much of a foreign exception's message a rendering keeps; the rest is cut and counted."""
@@ -277,7 +314,10 @@ class UnpicklableEnvError(EnvError):
 class EngineError(GymResilienceError):
     """Raised when an engine fails to serve a request; the engine's own exception is ``__cause__``.
 
-    The request may be retried; if the engine itself died, see ``EngineDeadError``.
+    An ``EngineError`` alone is not retried: a ``RetryPolicy`` (``RunnerConfig.retry``) reruns the
+    rollout only when the error or its ``__cause__`` chain matches ``retry_on`` (by default
+    ``TRANSIENT_ERRORS``: a connection error or a timeout). If the engine itself died, see
+    ``EngineDeadError``.
     """
 
 

@@ -66,6 +66,7 @@ import gymnasium
 import numpy as np
 from gymnasium.core import RenderFrame
 
+from gym_resilience.deadlines import check_seconds
 from gym_resilience.errors import (
     EnvClosedError,
     EnvError,
@@ -557,20 +558,6 @@ class StartAbort:
             self._starting = None
 
 
-def _check_timeout(option: str, value: float | None, *, optional: bool = True) -> None:
-    """Raises UnsupportedConfigError unless ``value`` is a finite number of seconds > 0 (or optional None)."""
-    if value is None and optional:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        expected = "None or a finite number" if optional else "a finite number"
-        raise UnsupportedConfigError(f"must be {expected} of seconds > 0, got {value!r}", option=option)
-
-
 class IsolatedEnv(gymnasium.Env[Any, Any]):
     """A local stand-in for an env that runs in a worker process, which a deadline kills.
 
@@ -612,10 +599,10 @@ class IsolatedEnv(gymnasium.Env[Any, Any]):
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
         abort: StartAbort | None = None,
     ) -> None:
-        _check_timeout("step_timeout", step_timeout)
-        _check_timeout("reset_timeout", reset_timeout)
-        _check_timeout("start_timeout", start_timeout)
-        _check_timeout("close_timeout", close_timeout, optional=False)
+        check_seconds("step_timeout", step_timeout)
+        check_seconds("reset_timeout", reset_timeout)
+        check_seconds("start_timeout", start_timeout)
+        check_seconds("close_timeout", close_timeout, allow_none=False)
         try:
             pickle.dumps(env_fn)
         except Exception as exc:

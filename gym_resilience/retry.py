@@ -8,7 +8,6 @@ A policy is a frozen value; it decides nothing by itself. :meth:`RetryPolicy.ret
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,16 +15,13 @@ from typing import Any
 
 import tenacity
 
-from gym_resilience.errors import UnsupportedConfigError
+from gym_resilience.deadlines import check_seconds
+from gym_resilience.errors import TRANSIENT_ERRORS, UnsupportedConfigError, is_transient
 
 __all__ = ["DEFAULT_RETRY_ON", "RetryPolicy"]
 
-DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
-"""Errors worth retrying by default: a dropped or refused connection and a timed-out call.
-
-``ConnectionError`` covers ``BrokenPipeError``, ``ConnectionResetError``, ``ConnectionRefusedError`` and
-``ConnectionAbortedError``; ``TimeoutError`` covers ``socket.timeout`` and ``asyncio.TimeoutError``.
-"""
+DEFAULT_RETRY_ON: tuple[type[Exception], ...] = TRANSIENT_ERRORS
+"""Errors worth retrying by default: the transient ones (``gym_resilience.errors.TRANSIENT_ERRORS``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +74,9 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
             raise _invalid("attempts", f"must be an int >= 1, got {self.attempts!r}")
-        for name in ("initial_delay_s", "max_delay_s", "jitter_s"):
-            _check_delay(name, getattr(self, name))
-        if self.total_delay_s is not None:
-            _check_delay("total_delay_s", self.total_delay_s)
+        for name in ("initial_delay_s", "max_delay_s", "jitter_s", "total_delay_s"):
+            value, allow_none = getattr(self, name), name == "total_delay_s"
+            check_seconds(f"RetryPolicy.{name}", value, allow_none=allow_none, allow_zero=True, path=(name,))
         if self.max_delay_s < self.initial_delay_s:
             raise _invalid(
                 "max_delay_s",
@@ -96,19 +91,10 @@ class RetryPolicy:
             )
 
     def is_retryable(self, error: BaseException) -> bool:
-        """Whether ``error`` is worth another attempt under this policy (attempts and time aside).
-
-        The ``__cause__`` chain counts: an env's ``ConnectionError`` arrives wrapped in an
-        ``EnvStepError``, and it is still a connection error.
+        """Whether ``error`` is worth another attempt under this policy (attempts and time aside): it, or
+        an error in its ``__cause__`` chain, is one of ``retry_on`` (``is_transient``).
         """
-        seen: set[int] = set()
-        current: BaseException | None = error
-        while current is not None and id(current) not in seen:
-            if isinstance(current, self.retry_on):
-                return True
-            seen.add(id(current))
-            current = current.__cause__
-        return False
+        return is_transient(error, self.retry_on)
 
     def delay_s(self, attempt: int, jitter: float = 0.0) -> float:
         """The sleep after failed attempt ``attempt`` (1-based), for a jitter draw ``jitter`` in [0, 1].
@@ -145,11 +131,6 @@ class RetryPolicy:
             # Re-raise the last error itself, not tenacity's RetryError: callers translate it.
             "reraise": True,
         }
-
-
-def _check_delay(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _invalid(name, f"must be a finite number of seconds >= 0, got {value!r}")
 
 
 def _invalid(option: str, message: str) -> UnsupportedConfigError:

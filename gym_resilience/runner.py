@@ -39,7 +39,13 @@ from gym_resilience.metrics import (
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.tasks import Task
-from gym_resilience.trajectories import AnyTrajectory, BatchOutput, TrajectoryId, build_batch_output
+from gym_resilience.trajectories import (
+    AnyTrajectory,
+    BatchOutput,
+    StepWiseTrajectory,
+    TrajectoryId,
+    build_batch_output,
+)
 
 __all__ = ["BatchResult", "BatchRunner"]
 
@@ -51,6 +57,8 @@ class BatchResult:
     """A finished batch: one trajectory per task x sample in task order, its columns, its metrics.
 
     ``failures`` lists the rollouts that placeholders stand in for (empty without the flag).
+    ``trajectories`` and ``output`` agree row for row: post-processing (``zero_reward_on_non_stop``,
+    ``apply_overlong_filtering``) edits both, and they share no lists.
     """
 
     trajectories: list[AnyTrajectory]
@@ -159,7 +167,7 @@ class BatchRunner:
         output = build_batch_output(trajectories)
         # As in SkyRL: its generator's generate/* metrics before post-processing, its trainer's after.
         metrics.update(generate_metrics(output))
-        post_process(output, self.config)
+        post_process(trajectories, output, self.config)
         metrics.update(reward_metrics(output))
         output.rollout_metrics = dict(metrics)
         log_batch_summary(metrics)
@@ -328,16 +336,21 @@ def check_failures(failures: list[FailedRollout], *, total: int, max_failed_frac
         ) from exceptions[0]
 
 
-def post_process(output: BatchOutput, config: RunnerConfig) -> None:
-    """Apply ``zero_reward_on_non_stop`` and ``apply_overlong_filtering`` to the columns in place.
+def post_process(trajectories: list[AnyTrajectory], output: BatchOutput, config: RunnerConfig) -> None:
+    """Apply ``zero_reward_on_non_stop`` and ``apply_overlong_filtering`` in place to the trajectories,
+    then copy each edited row into ``output`` (built from them), so both views of the batch agree.
 
     Any stop reason but ``"stop"`` is non-stop, so a placeholder contributes nothing through them either.
     """
-    for row, reason in enumerate(output.stop_reasons):
-        if reason == "stop":
+    if not (config.zero_reward_on_non_stop or config.apply_overlong_filtering):
+        return
+    steps = [s for t in trajectories for s in (t.steps if isinstance(t, StepWiseTrajectory) else [t])]
+    for row, step in enumerate(steps):
+        if step.stop_reason == "stop":
             continue
         if config.zero_reward_on_non_stop:
-            reward = output.rewards[row]
-            output.rewards[row] = [0.0] * len(reward) if isinstance(reward, list) else 0.0
+            step.reward = [0.0] * len(step.reward) if isinstance(step.reward, list) else 0.0
+            output.rewards[row] = list(step.reward) if isinstance(step.reward, list) else step.reward
         if config.apply_overlong_filtering:
-            output.loss_masks[row] = [0] * len(output.loss_masks[row])
+            step.loss_mask = [0] * len(step.loss_mask)
+            output.loss_masks[row] = list(step.loss_mask)

@@ -178,3 +178,62 @@ def test_misuse_and_batch_errors_are_catchable_as_builtins() -> None:
 def test_every_error_class_has_a_raised_when_docstring() -> None:
     for name, cls in ERROR_CLASSES.items():
         assert (cls.__doc__ or "").startswith("Raised "), name
+
+
+def _wrapped(cause: BaseException) -> BaseException:
+    """An ``EnvStepError`` caused by ``cause``, as a rollout's failure arrives."""
+    error = errors.EnvStepError(turn=1, action_repr="'ls'")
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionResetError("peer reset"),
+        TimeoutError("too slow"),
+        EXAMPLES["EnvTimeoutError"](),
+        EXAMPLES["RolloutTimeoutError"](),
+        _wrapped(BrokenPipeError("pipe")),
+    ],
+)
+def test_connection_errors_and_timeouts_are_transient_wherever_they_are_in_the_cause_chain(
+    error: BaseException,
+) -> None:
+    assert errors.is_transient(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("bad action"),
+        _wrapped(KeyError("missing")),
+        errors.EngineError("the server answered garbage"),
+        errors.EngineRequestError("prompt too long"),
+    ],
+)
+def test_other_errors_engine_errors_alone_included_are_not_transient(error: BaseException) -> None:
+    assert not errors.is_transient(error)
+
+
+def test_an_engine_error_caused_by_a_refused_connection_is_transient() -> None:
+    error = errors.EngineDeadError("every endpoint is down")
+    error.__cause__ = ConnectionRefusedError("refused")
+    assert errors.is_transient(error)
+
+
+def test_is_transient_takes_the_kinds_to_look_for_and_survives_a_cause_cycle() -> None:
+    first, second = ValueError("a"), KeyError("b")
+    first.__cause__, second.__cause__ = second, first
+    assert errors.is_transient(first, (KeyError,))
+    assert not errors.is_transient(first)
+
+
+@pytest.mark.parametrize("status", [500, 503, 408, 429])
+def test_server_errors_timeouts_and_overload_statuses_are_transient(status: int) -> None:
+    assert errors.is_transient_status(status)
+
+
+@pytest.mark.parametrize("status", [200, 400, 404, 413, 422])
+def test_success_and_statuses_that_blame_the_request_are_not_transient(status: int) -> None:
+    assert not errors.is_transient_status(status)

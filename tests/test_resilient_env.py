@@ -476,7 +476,7 @@ def test_step_is_never_retried_even_with_a_reset_retry_policy() -> None:
         ),
         (
             {"total_delay_s": -0.5},
-            "RetryPolicy.total_delay_s: must be a finite number of seconds >= 0, got -0.5",
+            "RetryPolicy.total_delay_s: must be None or a finite number of seconds >= 0, got -0.5",
         ),
         (
             {"initial_delay_s": 5, "max_delay_s": 1},

@@ -24,7 +24,7 @@ from gym_resilience import (
 )
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
-from gym_resilience.trajectories import TrajectoryId, without_timings
+from gym_resilience.trajectories import TrajectoryId, build_batch_output, without_timings
 
 
 async def run(config: RunnerConfig, ledger: EnvLedger, fault=None, n: int = 6, engine=None, turns: int = 3):
@@ -202,6 +202,22 @@ async def test_non_stop_knobs_zero_reward_and_loss_of_truncated_rows_and_placeho
     assert result.output.stop_reasons == ["rollout_error", "length", "length"]
     assert result.output.rewards == [0.0, 0.0, 0.0]
     assert all(set(mask) == {0} for mask in result.output.loss_masks)
+
+
+@pytest.mark.parametrize("step_wise", [False, True])
+async def test_non_stop_knobs_edit_the_trajectories_and_the_output_alike(step_wise: bool) -> None:
+    config = RunnerConfig(
+        skip_failed_rollouts=True,
+        max_tokens=4,
+        step_wise=step_wise,
+        zero_reward_on_non_stop=True,
+        apply_overlong_filtering=True,
+    )
+    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0), n=3)
+    rebuilt = build_batch_output(result.trajectories)
+    assert rebuilt.rewards == result.output.rewards
+    assert rebuilt.loss_masks == result.output.loss_masks
+    assert all(set(mask) == {0} for mask in rebuilt.loss_masks)
 
 
 async def test_samples_per_prompt_give_one_trajectory_per_task_and_repetition_in_order() -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from gym_resilience.deadlines import check_seconds
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
 from gym_resilience.engines.vllm import EngineState, finish_reason, load_tokenizer
 from gym_resilience.errors import (
@@ -44,6 +45,7 @@ from gym_resilience.errors import (
     EngineRequestError,
     UnsupportedConfigError,
     describe_exception,
+    is_transient_status,
 )
 
 if TYPE_CHECKING:
@@ -236,12 +238,12 @@ def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampl
 def classify_status(status: int) -> FailureKind | None:
     """None for success; ``"request"`` for a 4xx that blames the request; ``"endpoint"`` otherwise.
 
-    408 (timeout) and 429 (overloaded) blame the endpoint's state, not the request: another endpoint
-    may serve it.
+    ``is_transient_status`` decides which statuses blame the endpoint's state (5xx, 408, 429): another
+    endpoint may serve the request. Any other non-2xx (a 3xx too) fails the endpoint.
     """
     if 200 <= status < 300:
         return None
-    if 400 <= status < 500 and status not in (408, 429):
+    if 400 <= status < 500 and not is_transient_status(status):
         return "request"
     return "endpoint"
 
@@ -320,10 +322,7 @@ class OpenAIEngine:
             raise UnsupportedConfigError("at least one endpoint URL is needed", option="base_urls")
         if len(set(urls)) != len(urls):
             raise UnsupportedConfigError(f"endpoint URLs must be unique, got {urls}", option="base_urls")
-        if health_interval_s is not None and not health_interval_s > 0:
-            raise UnsupportedConfigError(
-                f"must be > 0 or None, got {health_interval_s}", option="health_interval_s"
-            )
+        check_seconds("health_interval_s", health_interval_s)
         self._endpoints = [_Endpoint(url) for url in urls]
         self._tokenizer_dir = Path(tokenizer_dir).expanduser().absolute()
         self._model = model
