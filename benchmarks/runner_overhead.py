@@ -2,13 +2,15 @@
 
 (a) Scripted engine, 1,000 and 10,000 rollouts: batch time with ``skip_failed_rollouts`` on vs off
     (no failures, so the difference is the containment machinery), and per-rollout time at 10,000 vs
-    1,000 (flat cost means the ratio stays near 1).
+    1,000 (flat cost means the ratio stays near 1). Each round times 4 (1,000) or 2 (10,000) pairs.
 (b) Real vLLM (the bundled tiny model): tokens/s through ``BatchRunner`` (64 single-turn tasks,
-    64 tokens, greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``.
+    64 tokens, greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``;
+    each round times 4 pairs.
 (c) Goodput on real vLLM: 64 three-turn rollouts, 10% failing at their second turn: trajectories kept
     with the flag vs without it (the step aborts: 0 kept).
 
-Rounds interleave the variants and report medians, because these machines are noisy.
+Rounds interleave the variants (alternating which runs first) and report medians, ranges and per-round
+ratios, because these machines are noisy; each part prints the load average.
 Run: python benchmarks/runner_overhead.py [--rounds N] [--skip-vllm]
 """
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
+import os
 import statistics
 import sys
 import time
@@ -67,36 +71,53 @@ def make_tasks(n: int, *, fail_every: int | None = None) -> list[Task]:
 
 
 async def timed(run: Callable[[], Awaitable[Any]]) -> float:
+    gc.collect()  # the previous run's garbage is not this run's cost
     start = time.perf_counter()
     await run()
     return time.perf_counter() - start
 
 
+def spread(values: list[float], digits: int = 3) -> str:
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
+async def side_by_side(
+    first: Callable[[], Awaitable[Any]], second: Callable[[], Awaitable[Any]], pairs: int
+) -> tuple[float, float]:
+    """Total seconds of ``pairs`` runs of each, interleaved and alternating which goes first, so that
+    both see the same machine (and neither always pays the other's garbage)."""
+    totals = [0.0, 0.0]
+    for pair in range(pairs):
+        order = (0, 1) if pair % 2 == 0 else (1, 0)
+        for index in order:
+            totals[index] += await timed((first, second)[index])
+    return totals[0], totals[1]
+
+
 async def scripted_overhead(rounds: int) -> None:
     engine = ScriptedEngine()
-    samples: dict[tuple[int, bool], list[float]] = {}
+    ratios: dict[int, list[float]] = {}
+    per_rollout: dict[int, list[float]] = {}
     for _ in range(rounds):
-        for n in (1_000, 10_000):
+        for n, pairs in ((1_000, 4), (10_000, 2)):
             batch = make_tasks(n)
-            for flag in (False, True):
-                runner = BatchRunner(
-                    engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2)
-                )
-                elapsed = await timed(functools.partial(runner.generate, batch))
-                samples.setdefault((n, flag), []).append(elapsed)
-    median = {key: statistics.median(values) for key, values in samples.items()}
-    print("(a) scripted engine, 2 turns per rollout, medians of", rounds, "rounds")
+            off, on = (
+                BatchRunner(engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2))
+                for flag in (False, True)
+            )
+            off_s, on_s = await side_by_side(
+                functools.partial(off.generate, batch), functools.partial(on.generate, batch), pairs
+            )
+            ratios.setdefault(n, []).append(on_s / off_s)
+            per_rollout.setdefault(n, []).append(on_s / pairs / n)
+    print(f"(a) scripted engine, 2 turns per rollout, {rounds} rounds: median [range]; load {load()}")
     for n in (1_000, 10_000):
-        off, on = median[(n, False)], median[(n, True)]
         print(
-            f"    {n:>6} rollouts: flag off {off:.3f} s, flag on {on:.3f} s, on/off {on / off:.3f} "
-            f"({(on / off - 1) * 100:+.1f}%)"
+            f"    {n:>6} rollouts: flag on/off per round {spread(ratios[n])}, "
+            f"per rollout (flag on) {statistics.median(per_rollout[n]) * 1e6:.0f} us"
         )
-    per_small, per_large = median[(1_000, True)] / 1_000, median[(10_000, True)] / 10_000
-    print(
-        f"    per rollout (flag on): {per_small * 1e6:.0f} us at 1,000, {per_large * 1e6:.0f} us at 10,000, "
-        f"ratio 10k/1k {per_large / per_small:.3f}"
-    )
+    growth = [large / small for large, small in zip(per_rollout[10_000], per_rollout[1_000], strict=True)]
+    print(f"    per rollout 10k/1k per round {spread(growth)}")
 
 
 async def vllm_throughput_and_goodput(rounds: int) -> None:
@@ -112,27 +133,32 @@ async def vllm_throughput_and_goodput(rounds: int) -> None:
         codec = ChatCodec(engine.tokenizer)
         prompts = [codec.prompt(task.prompt) for task in batch]
         sampling = Sampling(max_tokens=64, temperature=0.0)
-        await runner.generate(batch)  # warm-up: compile and cache
+        tokens: dict[str, int] = {}
 
-        async def through_runner() -> int:
+        async def through_runner() -> None:
             result = await runner.generate(batch)
-            return sum(sum(mask) for mask in result.output.loss_masks)
+            tokens["runner"] = sum(sum(mask) for mask in result.output.loss_masks)
 
-        async def straight() -> int:
+        async def straight() -> None:
             generations = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
-            return sum(len(g.token_ids) for g in generations)
+            tokens["gather"] = sum(len(g.token_ids) for g in generations)
 
+        await through_runner()  # warm-up: compile and cache
+        await straight()
+        pairs = 4
         rates: dict[str, list[float]] = {"runner": [], "gather": []}
         for _ in range(rounds):
-            for name, run in (("gather", straight), ("runner", through_runner)):
-                start = time.perf_counter()
-                tokens = await run()
-                rates[name].append(tokens / (time.perf_counter() - start))
-        runner_rate, gather_rate = statistics.median(rates["runner"]), statistics.median(rates["gather"])
-        print("(b) real vLLM, 64 single-turn tasks x 64 tokens, greedy, medians of", rounds, "rounds")
+            runner_s, gather_s = await side_by_side(through_runner, straight, pairs)
+            rates["runner"].append(tokens["runner"] * pairs / runner_s)
+            rates["gather"].append(tokens["gather"] * pairs / gather_s)
+        ratio = [r / g for r, g in zip(rates["runner"], rates["gather"], strict=True)]
         print(
-            f"    BatchRunner {runner_rate:.0f} tok/s, asyncio.gather {gather_rate:.0f} tok/s, "
-            f"ratio {runner_rate / gather_rate:.3f}"
+            f"(b) real vLLM, 64 single-turn tasks x 64 tokens, greedy, {rounds} rounds of {pairs} pairs; "
+            f"load {load()}"
+        )
+        print(
+            f"    BatchRunner {spread(rates['runner'], 0)} tok/s, "
+            f"asyncio.gather {spread(rates['gather'], 0)} tok/s, runner/gather per round {spread(ratio)}"
         )
 
         flaky = make_tasks(64, fail_every=10)
@@ -149,6 +175,10 @@ async def vllm_throughput_and_goodput(rounds: int) -> None:
                 kept[flag] = 0
         print(f"(c) goodput, 64 rollouts x 3 turns, {failing} failing at their second turn")
         print(f"    trajectories kept: with skip_failed_rollouts {kept[True]}, without {kept[False]}")
+
+
+def load() -> str:
+    return "/".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 async def main() -> None:

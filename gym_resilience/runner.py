@@ -13,7 +13,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import tenacity
@@ -21,7 +21,6 @@ import tenacity
 from gym_resilience.agent_loop import ChatCodec, EnvFactory, LateCloses, Progress, run_agent_loop
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Sampling
-from gym_resilience.env_threads import EnvThreads
 from gym_resilience.errors import (
     AllRolloutsFailedError,
     FailureBudgetExceededError,
@@ -99,7 +98,6 @@ class BatchRunner:
         self.env_factory = env_factory
         self.config = config if config is not None else RunnerConfig()
         self._codec: ChatCodec | None = None
-        self._env_threads: EnvThreads | None = None
 
     def _sampling(self, index: int) -> Sampling:
         config = self.config
@@ -110,13 +108,6 @@ class BatchRunner:
             seed=None if config.seed is None else config.seed + index,
             logprobs=config.logprobs,
         )
-
-    def _env_threads_for_batch(self) -> EnvThreads:
-        """The env threads of the last batch, unless a call of it is still running (a hung env): then
-        fresh ones, never waiting for that call. Idle threads end by themselves (``EnvThreads``)."""
-        if self._env_threads is None or self._env_threads.pending:
-            self._env_threads = EnvThreads(self.config.env_threads)
-        return self._env_threads
 
     def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
         if not tasks:
@@ -147,7 +138,7 @@ class BatchRunner:
         codec = self._codec
         start = time.perf_counter()
         attempts: dict[int, int] = {}
-        executor = self._env_threads_for_batch()
+        executor = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="gym-resilience-env")
         late = LateCloses(self.config.close_timeout_s)
         try:
             outcomes = await self._supervise(jobs, codec, executor, attempts, late)
@@ -156,6 +147,10 @@ class BatchRunner:
         except BaseException as exc:
             late.note(exc)
             raise
+        finally:
+            # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
+            # closes still run (cancel_futures=False), so a stuck env is closed once its call returns.
+            executor.shutdown(wait=False)
         metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=attempts)
         metrics["envs_closed_late"] = float(late.count)
         trajectories = substitute_placeholders(
@@ -177,7 +172,7 @@ class BatchRunner:
         self,
         jobs: list[_Job],
         codec: ChatCodec,
-        executor: Executor,
+        executor: ThreadPoolExecutor,
         attempts: dict[int, int],
         late: LateCloses,
     ) -> list[Outcome]:
@@ -242,7 +237,7 @@ class BatchRunner:
         self,
         job: _Job,
         codec: ChatCodec,
-        executor: Executor,
+        executor: ThreadPoolExecutor,
         attempts: dict[int, int],
         late: LateCloses,
     ) -> Outcome | _Fatal:
@@ -288,7 +283,7 @@ class BatchRunner:
         return policy.async_retrying(before_sleep=count)
 
     async def _attempt(
-        self, job: _Job, codec: ChatCodec, executor: Executor, progress: Progress, late: LateCloses
+        self, job: _Job, codec: ChatCodec, executor: ThreadPoolExecutor, progress: Progress, late: LateCloses
     ) -> AnyTrajectory:
         """One attempt at a rollout, from a fresh env, under the rollout deadline."""
         timeout_s = self.config.rollout_timeout_s

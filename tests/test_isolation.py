@@ -258,6 +258,9 @@ def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() ->
     env.reset()
     main_thread = threading.main_thread().ident
     assert main_thread == threading.get_ident()
+    # Python's own handler, which raises KeyboardInterrupt: a session event loop left running by an
+    # earlier async test installs asyncio's, which only cancels that loop's main task.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, signal.pthread_kill, args=(main_thread, signal.SIGINT))
     timer.start()
     try:
@@ -265,6 +268,7 @@ def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() ->
             env.step("sleep forever")
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert env.closed
     assert not worker.is_running()
 

