@@ -158,7 +158,13 @@ def test_ctrl_c_during_a_run_exits_130_and_the_journal_keeps_the_scenarios_that_
     (folder / "a_quick.yaml").write_text(QUICK)
     (folder / "b_endless.yaml").write_text(ENDLESS)
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "harness.cli", "chaos", "run", str(folder), "--out", str(runs)]
+    # A job started in the background by a non-interactive shell (a CI runner's `cmd &`) inherits SIGINT
+    # ignored, and so would this child: give it Python's own handler, as a terminal's Ctrl-C would find.
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'gym-resilience'; runpy.run_module('harness.cli', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", start, "chaos", "run", str(folder), "--out", str(runs)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
     for line in process.stderr:  # the progress view writes a line per finished scenario

@@ -258,7 +258,8 @@ def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() ->
     env.reset()
     main_thread = threading.main_thread().ident
     assert main_thread == threading.get_ident()
-    # Python's own handler, which raises KeyboardInterrupt: a session event loop left running by an
+    # Python's own handler, which raises KeyboardInterrupt: a job a non-interactive shell started in
+    # the background (a CI runner's `cmd &`) inherits SIGINT ignored, and a session event loop of an
     # earlier async test installs asyncio's, which only cancels that loop's main task.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, signal.pthread_kill, args=(main_thread, signal.SIGINT))
