@@ -72,7 +72,7 @@ def test_word_game_is_deterministic_per_seed() -> None:
     replies = random_replies(0, 8)
     runs = [play(WordGameEnv(), seed, replies) for seed in (7, 7, 8)]
     assert runs[0] == runs[1]
-    # With one turn, the truncating hint reveals the word drawn with the seed.
+    # With one turn, the truncating hint reveals the word drawn from reset's seed.
     secrets = {play(WordGameEnv(max_turns=1), seed, ["?"])[-1][0][0]["content"] for seed in range(10)}
     assert len(secrets) > 1
 

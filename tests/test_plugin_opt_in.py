@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-TEST_OK = "def test_ok():\n    assert True\n"
+TEST_OK = "def test_ok():\n    assert sum([1, 2]) == 3\n"
 
 # Not a scenario: an unrelated config file that happens to live in a folder named scenarios.
 FOREIGN_YAML = "database: {host: localhost, port: 5432}\n"

@@ -58,8 +58,8 @@ class ToolUseEnv(gymnasium.Env[list[ChatMessage], str]):
     """Make the calculator tool return the target number.
 
     ``reset`` fetches the tool specs (``GET /tools``) and returns the opening chat messages: the task's
-    prompt (or a default question drawn with the seed) with the specs appended to the system message.
-    Each ``step`` sends ``extract_expression(reply)`` to ``POST /calculate`` and returns one message
+    prompt (or a default question drawn from ``reset``'s ``seed``) with the specs appended to the system
+    message. Each ``step`` sends ``extract_expression(reply)`` to ``POST /calculate`` and returns one message
     ``{"role": "tool", "content": <the tool's JSON answer>}``. Reward: ``SOLVED_REWARD`` and
     ``terminated`` when the result equals the target, ``FORMAT_REWARD`` for any other result, 0.0 for
     an error answer; ``truncated`` after ``max_turns`` turns. A step that raises changes no state.
