@@ -17,17 +17,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import gymnasium
-
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Generation, Sampling, Tokenizer
 from gym_resilience.env import ResilientEnv
+from gym_resilience.env_backends import EnvFactory, make_env
 from gym_resilience.errors import Phase, RolloutError, RolloutTimeoutError, describe_exception, root_cause
-from gym_resilience.isolation import IsolatedEnv, StartAbort
+from gym_resilience.isolation import StartAbort
 from gym_resilience.metrics import log_close_failure
 from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, format_rollout_header
 from gym_resilience.tasks import ChatMessage, Task
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory, TrajectoryId
+from gym_resilience.worker_env import WorkerEnv
 
 __all__ = [
     "ChatCodec",
@@ -38,9 +38,6 @@ __all__ = [
     "rollout_headers",
     "run_agent_loop",
 ]
-
-EnvFactory = Callable[[Task], gymnasium.Env[Any, Any]]
-"""``env_factory(task)`` builds the env of one rollout."""
 
 T = TypeVar("T")
 
@@ -194,7 +191,7 @@ class EnvCalls:
 
     def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
         """Start closing ``env``: after its call in flight, or, for an isolated env, beside it."""
-        if isinstance(env.unwrapped, IsolatedEnv):
+        if isinstance(env.unwrapped, WorkerEnv):
             return self._start(env.close)
         return self.submit(env.close)
 
@@ -306,25 +303,6 @@ async def run_agent_loop(
         result.close_error = describe_exception(root_cause(error))
         log_close_failure(progress.rollout_index, trajectory_id, error)
     return result
-
-
-def make_env(
-    env_factory: EnvFactory, task: Task, config: RunnerConfig, abort: StartAbort | None = None
-) -> ResilientEnv[Any, Any]:
-    """The env of one rollout, wrapped; in its own process when ``config.isolate_envs``, which
-    ``abort`` can kill while it starts."""
-    if config.isolate_envs:
-        isolated = IsolatedEnv(
-            functools.partial(env_factory, task),
-            step_timeout=config.env_step_timeout_s,
-            reset_timeout=config.env_reset_timeout_s,
-            start_timeout=config.env_create_timeout_s,
-            close_timeout=config.close_timeout_s,
-            abort=abort,
-        )
-        return ResilientEnv(isolated)
-    raw = env_factory(task)
-    return raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
 
 
 @dataclass

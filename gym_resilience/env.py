@@ -38,6 +38,7 @@ from gym_resilience.errors import (
 )
 from gym_resilience.isolation import DEFAULT_CLOSE_TIMEOUT_S, IsolatedEnv
 from gym_resilience.retry import RetryPolicy
+from gym_resilience.worker_env import WorkerEnv
 
 __all__ = ["ResilientEnv"]
 
@@ -196,7 +197,7 @@ class ResilientEnv(
             self, close_on_error=close_on_error, reset_retry=reset_retry
         )
         # One the caller built counts as isolated too: a worker it lost is closed, never retried.
-        self._isolated: IsolatedEnv | None = env if isinstance(env, IsolatedEnv) else None
+        self._isolated: WorkerEnv | None = env if isinstance(env, WorkerEnv) else None
         if isolate:
             if isinstance(env, gymnasium.Env) or not callable(env):
                 raise UnsupportedConfigError(

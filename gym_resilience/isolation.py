@@ -77,6 +77,7 @@ from gym_resilience.errors import (
     describe_exception,
     exception_message,
 )
+from gym_resilience.worker_env import Killable, WorkerEnv
 
 __all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv", "StartAbort"]
 
@@ -537,7 +538,7 @@ class StartAbort:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._aborted = False
-        self._starting: _Worker | None = None
+        self._starting: Killable | None = None
 
     def abort(self) -> None:
         """Kills the worker if its env is still starting, and any worker that starts under this later."""
@@ -546,7 +547,7 @@ class StartAbort:
             if self._starting is not None:
                 self._starting.kill()
 
-    def _watch(self, worker: _Worker) -> None:
+    def _watch(self, worker: Killable) -> None:
         with self._lock:
             if self._aborted:
                 worker.kill()
@@ -558,7 +559,7 @@ class StartAbort:
             self._starting = None
 
 
-class IsolatedEnv(gymnasium.Env[Any, Any]):
+class IsolatedEnv(WorkerEnv):
     """A local stand-in for an env that runs in a worker process, which a deadline kills.
 
     ``env_fn`` is called once, in the worker, to build the env. Its spaces, ``metadata``,
