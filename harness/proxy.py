@@ -38,10 +38,10 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
+from gym_resilience.lifecycle import Service
 from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, parse_rollout_header
 from harness.faults import FaultPlan, connection_fires, request_fires
 from harness.results import FaultFiring
@@ -76,7 +76,7 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-class FaultProxy:
+class FaultProxy(Service):
     """A TCP proxy on ``127.0.0.1`` in front of ``upstream`` that injects network faults per connection.
 
     Args:
@@ -184,15 +184,6 @@ class FaultProxy:
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise RuntimeError(f"the fault proxy's thread did not stop within {timeout:g} s")
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        self.stop()
-        return False
 
     # --- The loop thread. ----------------------------------------------------------------------------
 

@@ -30,8 +30,10 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any, Final, Literal, Self
+from types import FrameType
+from typing import Any, Final, Self
+
+from gym_resilience.lifecycle import Service
 
 __all__ = ["TOOL_SPECS", "ToolServer", "ToolServerProcess", "evaluate", "main"]
 
@@ -171,7 +173,7 @@ class _State(enum.Enum):
     STOPPED = "stopped"
 
 
-class ToolServer:
+class ToolServer(Service):
     """The calculator tool on a loopback port, served from a background thread.
 
     Example:
@@ -234,17 +236,8 @@ class ToolServer:
         finally:
             self._server.server_close()
 
-    def __enter__(self) -> Self:
-        return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        self.stop()
-        return False
-
-
-class ToolServerProcess:
+class ToolServerProcess(Service):
     """The tool server as a child process, so tests can SIGKILL, SIGSTOP or SIGTERM it.
 
     Example:
@@ -309,15 +302,6 @@ class ToolServerProcess:
                 process.wait()
         if process.stdout is not None:
             process.stdout.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        self.stop()
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:
