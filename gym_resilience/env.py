@@ -7,10 +7,10 @@ That boundary is not a context manager, as httpx's is, because ``step`` is the h
 ``with`` object measured about 130 ns more per step, twice the rest of the wrapper's cost, while a ``try``
 costs nothing in Python 3.11 until it catches.
 
-With ``isolate=True`` the inner env is an :class:`~gym_resilience.isolation.IsolatedEnv`, a local stand-in
-for an env in a worker process; deadlines are kept by killing that process. Its own typed errors (the
-worker timed out, died, or was closed during the call) pass through that boundary unchanged, and mark the
-env closed whatever ``close_on_error`` says: there is no env left to keep open.
+Built by :meth:`ResilientEnv.isolated`, the inner env is an :class:`~gym_resilience.isolation.IsolatedEnv`,
+a local stand-in for an env in a worker process; deadlines are kept by killing that process. Its own typed
+errors (the worker timed out, died, or was closed during the call) pass through that boundary unchanged,
+and mark the env closed whatever ``close_on_error`` says: there is no env left to keep open.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ _action_repr.maxlist = _action_repr.maxtuple = _action_repr.maxdict = 6
 _short_repr = _action_repr.repr
 
 _NEEDS_ISOLATION = (
-    "needs isolate=True: a deadline is kept by killing the process that runs the env, and a thread "
+    "needs ResilientEnv.isolated: a deadline is kept by killing the process that runs the env, and a thread "
     "cannot be stopped"
 )
 
@@ -127,8 +127,8 @@ class ResilientEnv(
     errors when ``reset_retry`` is given. Spaces, ``metadata``, ``render``, ``unwrapped`` and ``spec``
     pass through, so ``gymnasium.utils.env_checker.check_env`` accepts the wrapped env.
 
-    Deadlines need ``isolate=True``: the env then runs in a worker process (as in Gymnasium's
-    ``AsyncVectorEnv``), built there by calling ``env``, a picklable zero-argument factory such as
+    Deadlines need :meth:`isolated`: the env then runs in a worker process (as in Gymnasium's
+    ``AsyncVectorEnv``), built there by calling ``env_fn``, a picklable zero-argument factory such as
     ``functools.partial(gymnasium.make, "CartPole-v1")``. A call past its deadline kills the worker and
     raises :class:`EnvTimeoutError`; a worker that dies raises :class:`EnvWorkerDiedError`; either way the
     env is closed. Exceptions raised by the env in the worker arrive as the same typed errors as
@@ -140,25 +140,19 @@ class ResilientEnv(
     each call a pipe round trip (about 0.1 ms).
 
     Args:
-        env: The env to wrap; the wrapper owns it from now on. With ``isolate=True``, a picklable
-            zero-argument callable that builds the env in the worker process.
+        env: The env to wrap; the wrapper owns it from now on.
         close_on_error: Close the inner env when ``reset``/``step`` raises an ``Exception`` (default).
             With False the env stays open after such an error; interruptions still close it.
         reset_retry: Retry ``reset`` on ``reset_retry.retry_on`` errors; None (default) tries once.
             A worker that timed out or died is never retried.
-        isolate: Run the env in a worker process that a deadline can kill.
-        step_timeout: Deadline of each ``step`` (and ``render``), in seconds; None: no limit.
-            Needs ``isolate=True``.
-        reset_timeout: Deadline of each ``reset`` attempt; None: no limit. Needs ``isolate=True``.
-        start_timeout: Deadline for the worker to start and build the env; None: no limit. For the
-            first isolated env of a program it includes the fork server's start. Needs ``isolate=True``.
-        close_timeout: How long ``close`` waits for the isolated env to close before killing its worker.
-            Needs ``isolate=True`` when changed.
+        isolate: Deprecated: ``ResilientEnv(env_fn, isolate=True, ...)`` is
+            ``ResilientEnv.isolated(env_fn, ...)``, and warns so.
+        step_timeout, reset_timeout, start_timeout, close_timeout: With ``isolate=True`` only, as for
+            :meth:`isolated`.
 
     Raises:
-        UnsupportedConfigError: a deadline without ``isolate=True``, a timeout that is not a number > 0,
-            or ``isolate=True`` with an env instance or an unpicklable factory.
-        TypeError: ``env`` is not a ``gymnasium.Env`` (without ``isolate=True``).
+        UnsupportedConfigError: a deadline without isolation.
+        TypeError: ``env`` is not a ``gymnasium.Env``.
 
     Attributes:
         close_error: The :class:`EnvCloseError` (cause: what the inner ``close()`` raised) when closing
@@ -196,28 +190,23 @@ class ResilientEnv(
         gymnasium.utils.RecordConstructorArgs.__init__(
             self, close_on_error=close_on_error, reset_retry=reset_retry
         )
-        # One the caller built counts as isolated too: a worker it lost is closed, never retried.
-        self._isolated: WorkerEnv | None = env if isinstance(env, WorkerEnv) else None
         if isolate:
-            if isinstance(env, gymnasium.Env) or not callable(env):
-                raise UnsupportedConfigError(
-                    "isolate=True builds the env in a worker process: pass a picklable zero-argument "
-                    f"callable that builds it, not {env!r}",
-                    option="env",
-                )
-            env = self._isolated = IsolatedEnv(
-                env,
-                step_timeout=step_timeout,
-                reset_timeout=reset_timeout,
-                start_timeout=start_timeout,
-                close_timeout=close_timeout,
+            warnings.warn(
+                "ResilientEnv(factory, isolate=True, ...) is deprecated: use "
+                "ResilientEnv.isolated(factory, ...)",
+                DeprecationWarning,
+                stacklevel=2,
             )
+            env = _isolated_env(env, step_timeout, reset_timeout, start_timeout, close_timeout)
         else:
             _check_no_deadline(step_timeout, reset_timeout, start_timeout, close_timeout)
             if not isinstance(env, gymnasium.Env):
                 raise TypeError(
-                    f"expected a gymnasium.Env (or, with isolate=True, a factory of one), got {env!r}"
+                    "expected a gymnasium.Env (or, with ResilientEnv.isolated, a factory of one), "
+                    f"got {env!r}"
                 )
+        # One the caller built counts as isolated too: a worker it lost is closed, never retried.
+        self._isolated: WorkerEnv | None = env if isinstance(env, WorkerEnv) else None
         gymnasium.Wrapper.__init__(self, env)
         self.close_on_error = close_on_error
         self.reset_retry = reset_retry
@@ -227,6 +216,37 @@ class ResilientEnv(
         self._env_id = spec.id if spec is not None else None
         self._closer = _Closer(env)
         self._finalizer = weakref.finalize(self, _close_at_collection, self._closer)
+
+    @classmethod
+    def isolated(
+        cls,
+        env_fn: Callable[[], gymnasium.Env[ObsType, ActType]],
+        *,
+        step_timeout: float | None = None,
+        reset_timeout: float | None = None,
+        start_timeout: float | None = None,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
+        close_on_error: bool = True,
+        reset_retry: RetryPolicy | None = None,
+    ) -> ResilientEnv[ObsType, ActType]:
+        """A ResilientEnv around the env that ``env_fn`` builds in a worker process that deadlines can kill.
+
+        Args:
+            env_fn: A picklable zero-argument callable that builds the env in the worker process.
+            step_timeout: Deadline of each ``step`` (and ``render``), in seconds; None: no limit.
+            reset_timeout: Deadline of each ``reset`` attempt; None: no limit.
+            start_timeout: Deadline for the worker to start and build the env; None: no limit. For the
+                first isolated env of a program it includes the fork server's start.
+            close_timeout: How long ``close`` waits for the env to close before killing its worker.
+            close_on_error: As for the constructor.
+            reset_retry: As for the constructor.
+
+        Raises:
+            UnsupportedConfigError: a timeout that is not a number > 0, an env instance or an
+                unpicklable factory.
+        """
+        isolated = _isolated_env(env_fn, step_timeout, reset_timeout, start_timeout, close_timeout)
+        return cls(isolated, close_on_error=close_on_error, reset_retry=reset_retry)
 
     @property
     def closed(self) -> bool:
@@ -377,3 +397,26 @@ def _check_no_deadline(
             raise UnsupportedConfigError(_NEEDS_ISOLATION, option=option)
     if close_timeout != DEFAULT_CLOSE_TIMEOUT_S:
         raise UnsupportedConfigError(_NEEDS_ISOLATION, option="close_timeout")
+
+
+def _isolated_env(
+    env_fn: object,
+    step_timeout: float | None,
+    reset_timeout: float | None,
+    start_timeout: float | None,
+    close_timeout: float,
+) -> IsolatedEnv:
+    """The worker-process stand-in for the env that ``env_fn`` builds there."""
+    if isinstance(env_fn, gymnasium.Env) or not callable(env_fn):
+        raise UnsupportedConfigError(
+            "an isolated env is built in a worker process: pass a picklable zero-argument "
+            f"callable that builds it, not {env_fn!r}",
+            option="env",
+        )
+    return IsolatedEnv(
+        env_fn,
+        step_timeout=step_timeout,
+        reset_timeout=reset_timeout,
+        start_timeout=start_timeout,
+        close_timeout=close_timeout,
+    )

@@ -8,19 +8,20 @@ becomes a ``FailedRollout`` marker, replaced by a placeholder once every rollout
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import tenacity
 
-from gym_resilience.agent_loop import ChatCodec, EnvFactory, LateCloses, Progress, run_agent_loop
+from gym_resilience.cleanup import wait_through_cancellation
 from gym_resilience.config import RunnerConfig
-from gym_resilience.engines.base import Engine, Sampling
+from gym_resilience.engines.base import Engine
+from gym_resilience.env_backends import EnvFactory
 from gym_resilience.errors import (
     AllRolloutsFailedError,
     FailureBudgetExceededError,
@@ -37,6 +38,7 @@ from gym_resilience.metrics import (
 )
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.retry import RetryPolicy
+from gym_resilience.rollout import ChatCodec, LateCloses, Progress, RolloutContext, run_agent_loop
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     AnyTrajectory,
@@ -99,16 +101,6 @@ class BatchRunner:
         self.config = config if config is not None else RunnerConfig()
         self._codec: ChatCodec | None = None
 
-    def _sampling(self, index: int) -> Sampling:
-        config = self.config
-        return Sampling(
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            seed=None if config.seed is None else config.seed + index,
-            logprobs=config.logprobs,
-        )
-
     def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
         if not tasks:
             raise UnsupportedConfigError("generate() needs at least one task", option="tasks")
@@ -137,22 +129,21 @@ class BatchRunner:
             self._codec = ChatCodec(self.engine.tokenizer)
         codec = self._codec
         start = time.perf_counter()
-        attempts: dict[int, int] = {}
         executor = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="gym-resilience-env")
-        late = LateCloses(self.config.close_timeout_s)
+        batch = _Batch(self, codec, executor)
         try:
-            outcomes = await self._supervise(jobs, codec, executor, attempts, late)
+            outcomes = await _Supervisor(jobs, batch.rollout, self.config.max_concurrency or len(jobs)).run()
             failures = [o for o in outcomes if isinstance(o, FailedRollout)]
             check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
         except BaseException as exc:
-            late.note(exc)
+            batch.late.note(exc)
             raise
         finally:
             # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
             # closes still run (cancel_futures=False), so a stuck env is closed once its call returns.
             executor.shutdown(wait=False)
-        metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=attempts)
-        metrics["envs_closed_late"] = float(late.count)
+        metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=batch.attempts)
+        metrics["envs_closed_late"] = float(batch.late.count)
         trajectories = substitute_placeholders(
             outcomes,
             pad_token_id=codec.pad_token_id,
@@ -168,90 +159,106 @@ class BatchRunner:
         log_batch_summary(metrics)
         return BatchResult(trajectories=trajectories, output=output, metrics=metrics, failures=failures)
 
-    async def _supervise(
-        self,
-        jobs: list[_Job],
-        codec: ChatCodec,
-        executor: ThreadPoolExecutor,
-        attempts: dict[int, int],
-        late: LateCloses,
-    ) -> list[Outcome]:
-        """Run every job, at most ``max_concurrency`` at once; on the first failure that must
-        propagate, cancel the rest and raise it once every rollout has finished (and closed its env).
 
-        Rollouts are started as slots free up rather than all at once, so a large batch keeps a
-        bounded number of tasks alive and the cost per rollout stays flat.
-        """
-        limit = self.config.max_concurrency or len(jobs)
-        results: list[Outcome | None] = [None] * len(jobs)
-        pending = iter(jobs)
-        running: set[asyncio.Task[Outcome | _Fatal]] = set()
-        aborting: list[BaseException] = []
-        finished = asyncio.get_running_loop().create_future()
+class _Supervisor:
+    """Runs every job, at most ``limit`` at once; on the first failure that must propagate, cancels the
+    rest and raises it once every rollout has finished (and closed its env).
 
-        def abort(error: BaseException) -> None:
-            if not aborting:
-                aborting.append(error)
-                for task in running:
-                    if not task.done() and not task.cancelling():
-                        task.cancel()
+    Rollouts are started as slots free up rather than all at once, so a large batch keeps a bounded
+    number of tasks alive and the cost per rollout stays flat.
+    """
 
-        def launch() -> None:
-            while len(running) < limit and not aborting:
-                job = next(pending, None)
-                if job is None:
-                    break
-                task = asyncio.create_task(self._rollout(job, codec, executor, attempts, late))
-                task.add_done_callback(functools.partial(on_done, job.index))
-                running.add(task)
-            if not running and not finished.done():
-                finished.set_result(None)
+    def __init__(
+        self, jobs: list[_Job], start: Callable[[_Job], Coroutine[Any, Any, Outcome | _Fatal]], limit: int
+    ) -> None:
+        self._pending = iter(jobs)
+        self._start = start
+        self._limit = limit
+        self._results: list[Outcome | None] = [None] * len(jobs)
+        self._running: set[asyncio.Task[Outcome | _Fatal]] = set()
+        self._aborting: BaseException | None = None
+        self._finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        def on_done(index: int, task: asyncio.Task[Outcome | _Fatal]) -> None:
-            running.discard(task)
-            if task.cancelled():
-                abort(asyncio.CancelledError())
-            elif (error := task.exception()) is not None:
-                abort(error)
-            elif isinstance(outcome := task.result(), _Fatal):
-                abort(outcome.exception)
-            else:
-                results[index] = outcome
-            launch()
-
-        launch()
+    async def run(self) -> list[Outcome]:
+        self._launch()
         try:
-            await asyncio.shield(finished)
+            await asyncio.shield(self._finished)
         except asyncio.CancelledError as cancelled:
-            abort(cancelled)
+            self._abort(cancelled)
             # Every rollout closes its env before the cancellation goes on.
-            while not finished.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(finished)
+            await wait_through_cancellation(self._finished)
             raise
-        if aborting:
-            raise aborting[0]
-        return [outcome for outcome in results if outcome is not None]
+        if self._aborting is not None:
+            raise self._aborting
+        return [outcome for outcome in self._results if outcome is not None]
 
-    async def _rollout(
-        self,
-        job: _Job,
-        codec: ChatCodec,
-        executor: ThreadPoolExecutor,
-        attempts: dict[int, int],
-        late: LateCloses,
-    ) -> Outcome | _Fatal:
+    def _launch(self) -> None:
+        while len(self._running) < self._limit and self._aborting is None:
+            job = next(self._pending, None)
+            if job is None:
+                break
+            task = asyncio.create_task(self._start(job))
+            task.add_done_callback(functools.partial(self._on_done, job.index))
+            self._running.add(task)
+        if not self._running and not self._finished.done():
+            self._finished.set_result(None)
+
+    def _on_done(self, index: int, task: asyncio.Task[Outcome | _Fatal]) -> None:
+        self._running.discard(task)
+        if task.cancelled():
+            self._abort(asyncio.CancelledError())
+        elif (error := task.exception()) is not None:
+            self._abort(error)
+        elif isinstance(outcome := task.result(), _Fatal):
+            self._abort(outcome.exception)
+        else:
+            self._results[index] = outcome
+        self._launch()
+
+    def _abort(self, error: BaseException) -> None:
+        if self._aborting is None:
+            self._aborting = error
+            for task in self._running:
+                if not task.done() and not task.cancelling():
+                    task.cancel()
+
+
+class _Batch:
+    """The parts one ``generate`` call shares among its rollouts, and how it runs one of them."""
+
+    def __init__(self, runner: BatchRunner, codec: ChatCodec, executor: ThreadPoolExecutor) -> None:
+        self.engine = runner.engine
+        self.env_factory = runner.env_factory
+        self.config = runner.config
+        self.codec = codec
+        self.executor = executor
+        self.late = LateCloses(self.config.close_timeout_s)
+        self.attempts: dict[int, int] = {}
+
+    def _context(self, job: _Job, attempt: int = 0) -> RolloutContext:
+        return RolloutContext(
+            engine=self.engine,
+            codec=self.codec,
+            env_factory=self.env_factory,
+            config=self.config,
+            executor=self.executor,
+            late=self.late,
+            task=job.task,
+            trajectory_id=job.trajectory_id,
+            progress=Progress(rollout_index=job.index, attempt=attempt),
+        )
+
+    async def rollout(self, job: _Job) -> Outcome | _Fatal:
         """One rollout with its retries; a contained failure becomes a ``FailedRollout``."""
-        progress = Progress(rollout_index=job.index)
-        first_start = progress.started
+        context = self._context(job)
+        first_start = context.progress.started
         try:
             if self.config.retry is None:
-                return await self._attempt(job, codec, executor, progress, late)
-            async for attempt in self._retrying(self.config.retry, job, attempts):
+                return await self._attempt(context)
+            async for attempt in self._retrying(self.config.retry, job):
                 with attempt:
-                    number = attempt.retry_state.attempt_number - 1
-                    progress = Progress(rollout_index=job.index, attempt=number)
-                    return await self._attempt(job, codec, executor, progress, late)
+                    context = self._context(job, attempt.retry_state.attempt_number - 1)
+                    return await self._attempt(context)
             raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
         except Exception as exc:
             if not self.config.skip_failed_rollouts:
@@ -260,10 +267,10 @@ class BatchRunner:
                 exception=exc,
                 rollout_index=job.index,
                 trajectory_id=job.trajectory_id,
-                phase=progress.phase,
-                turn=progress.turn,
+                phase=context.progress.phase,
+                turn=context.progress.turn,
                 elapsed_s=time.perf_counter() - first_start,
-                attempts=attempts.get(job.index, 1),
+                attempts=self.attempts.get(job.index, 1),
             )
             log_failed_rollout(failure)
             return failure
@@ -272,41 +279,27 @@ class BatchRunner:
         except BaseException as exc:
             return _Fatal(exc)
 
-    @staticmethod
-    def _retrying(policy: RetryPolicy, job: _Job, attempts: dict[int, int]) -> tenacity.AsyncRetrying:
+    def _retrying(self, policy: RetryPolicy, job: _Job) -> tenacity.AsyncRetrying:
         """Tenacity's loop for one rollout under the policy's bounds, counting its attempts."""
 
         def count(state: tenacity.RetryCallState) -> None:
-            attempts[job.index] = state.attempt_number + 1
+            self.attempts[job.index] = state.attempt_number + 1
             log_retry(job.index, job.trajectory_id, state)
 
         return policy.async_retrying(before_sleep=count)
 
-    async def _attempt(
-        self, job: _Job, codec: ChatCodec, executor: ThreadPoolExecutor, progress: Progress, late: LateCloses
-    ) -> AnyTrajectory:
+    async def _attempt(self, context: RolloutContext) -> AnyTrajectory:
         """One attempt at a rollout, from a fresh env, under the rollout deadline."""
         timeout_s = self.config.rollout_timeout_s
+        progress = context.progress
         try:
             async with asyncio.timeout(timeout_s) as deadline:
-                return await run_agent_loop(
-                    engine=self.engine,
-                    codec=codec,
-                    env_factory=self.env_factory,
-                    task=job.task,
-                    trajectory_id=job.trajectory_id,
-                    config=self.config,
-                    sampling=self._sampling(job.index),
-                    executor=executor,
-                    progress=progress,
-                    reset_seed=None if self.config.seed is None else self.config.seed + job.index,
-                    late=late,
-                )
+                return await run_agent_loop(context)
         except TimeoutError as timeout:
             if not deadline.expired():
                 raise
             error = RolloutTimeoutError(
-                rollout_index=job.index,
+                rollout_index=context.index,
                 phase=progress.phase,
                 turn=progress.turn,
                 elapsed_s=progress.elapsed(),

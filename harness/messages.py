@@ -8,7 +8,6 @@ same in every error.
 from __future__ import annotations
 
 import difflib
-import math
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
@@ -16,6 +15,8 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+
+from gym_resilience._text import show
 
 __all__ = [
     "Loc",
@@ -59,25 +60,6 @@ def field_path(loc: Sequence[str | int]) -> str:
         name = item if item.isprintable() else repr(item)  # a line break in a key must not split the message
         path += f".{name}" if path else name
     return path
-
-
-def show(value: Any) -> str:
-    """A value as a scenario file writes it: ``'three'``, ``3``, ``true``, ``null``, ``a list``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 60 else value[:57] + "...")
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:

@@ -9,8 +9,8 @@ reaped, gets ``settle_s`` to wind down; anything still there after that is a lea
         await runner.generate(tasks)
     print(figures)  # before/after counts, for the record
 
-``EnvCounts`` counts envs built by :func:`counting_factory` in this process (an isolated env's worker is a
-child process instead, counted by the child snapshot).
+``EnvCounts`` (tests/doubles.py) counts envs built by ``doubles.factory`` in this process (an isolated env's
+worker is a child process instead, counted by the child snapshot).
 """
 
 from __future__ import annotations
@@ -22,67 +22,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import psutil
-
-from gym_resilience import Task
-from gym_resilience.testing import ScriptableEnv
-
-SETTLE_S = 10.0
-"""How long leftovers get to wind down before they count as leaks: generous, it only bounds a failure."""
-
-
-@dataclasses.dataclass
-class EnvCounts:
-    """Envs built and closed, thread-safe; ``building`` counts factories that are running right now."""
-
-    created: int = 0
-    closed: int = 0
-    building: int = 0
-    _changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-
-    def change(self, **deltas: int) -> None:
-        with self._changed:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-            self._changed.notify_all()
-
-    def wait_for(self, predicate: Callable[[EnvCounts], bool], timeout_s: float = SETTLE_S) -> bool:
-        """Wait until ``predicate(self)`` holds, at most ``timeout_s``; whether it does."""
-        with self._changed:
-            return self._changed.wait_for(lambda: predicate(self), timeout_s)
-
-    @property
-    def open(self) -> int:
-        return self.created - self.closed
-
-
-def counting_factory(
-    counts: EnvCounts,
-    *,
-    delay: Callable[[Task], None] = lambda task: None,
-    **behaviours: Any,
-) -> Callable[[Task], ScriptableEnv]:
-    """An env factory that waits ``delay(task)`` first, then builds a ScriptableEnv counted in ``counts``.
-
-    ``behaviours`` go to ScriptableEnv (``step=...``, ``reset=...``); its close is counted.
-    """
-
-    def close(env: ScriptableEnv) -> None:
-        counts.change(closed=1)
-
-    def build(task: Task) -> ScriptableEnv:
-        counts.change(building=1)
-        try:
-            delay(task)
-            env = ScriptableEnv(close=close, **behaviours)
-            counts.change(created=1)
-            return env
-        finally:
-            counts.change(building=-1)
-
-    return build
+from doubles import SETTLE_S, EnvCounts
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float = SETTLE_S) -> bool:
@@ -152,7 +94,8 @@ class Figures:
 
     def back(self) -> bool:
         assert self.after is not None
-        envs_closed = self.envs is None or (self.envs.open == 0 and self.envs.building == 0)
+        envs = self.envs
+        envs_closed = envs is None or (envs.open, envs.building, envs.closed_more_than_once()) == (0, 0, 0)
         return (
             not self.new_threads()
             and not self.new_children()
@@ -191,3 +134,4 @@ def no_leaks(envs: EnvCounts | None = None, *, settle_s: float = SETTLE_S) -> It
     assert figures.after.fds <= figures.before.fds, f"file descriptors left open: {figures}"
     if envs is not None:
         assert (envs.open, envs.building) == (0, 0), f"envs left open: {figures}"
+        assert envs.closed_more_than_once() == 0, f"envs closed twice: {figures}"

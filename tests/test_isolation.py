@@ -71,7 +71,7 @@ def multiprocessing_helpers() -> set[int]:
 @pytest.fixture
 def processes_before() -> set[int]:
     """This process's descendants once the fork server and resource tracker run (they are meant to stay)."""
-    ResilientEnv(worker_envs.text_env, isolate=True).close()
+    ResilientEnv.isolated(worker_envs.text_env).close()
     return descendants()
 
 
@@ -89,7 +89,7 @@ def timed(call: Callable[[], object]) -> tuple[BaseException, float]:
 
 def test_an_isolated_cartpole_resets_steps_and_closes_with_its_spaces_passed_through() -> None:
     local = gymnasium.make("CartPole-v1")
-    env = ResilientEnv(CARTPOLE, isolate=True)
+    env = ResilientEnv.isolated(CARTPOLE)
     worker = worker_of(env)
     assert worker.pid != os.getpid()
     assert env.observation_space == local.observation_space
@@ -130,11 +130,11 @@ def test_check_env_passes_on_an_isolated_cartpole_with_the_warnings_of_the_in_pr
         return [str(w.message) for w in caught if "different from the unwrapped" not in str(w.message)]
 
     in_process = checker_warnings(ResilientEnv(gymnasium.make("CartPole-v1")))
-    assert checker_warnings(ResilientEnv(CARTPOLE, isolate=True)) == in_process
+    assert checker_warnings(ResilientEnv.isolated(CARTPOLE)) == in_process
 
 
 def test_a_text_env_renders_through_its_worker() -> None:
-    env = ResilientEnv(functools.partial(ScriptableEnv, render_mode="ansi"), isolate=True)
+    env = ResilientEnv.isolated(functools.partial(ScriptableEnv, render_mode="ansi"))
     assert env.render_mode == "ansi"
     assert env.reset() == ("Say something.", {})
     env.step("ls -la")
@@ -146,7 +146,7 @@ def test_a_text_env_renders_through_its_worker() -> None:
 
 
 def test_a_step_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:
-    env = ResilientEnv(worker_envs.hanging_step_env, isolate=True, step_timeout=0.5)
+    env = ResilientEnv.isolated(worker_envs.hanging_step_env, step_timeout=0.5)
     worker = worker_of(env)
     env.reset()
     error, elapsed = timed(lambda: env.step("sleep forever"))
@@ -179,8 +179,8 @@ def wait_until_ended(processes: list[psutil.Process], timeout_s: float) -> list[
 
 
 def test_the_subprocesses_of_a_killed_worker_are_killed_with_it() -> None:
-    env = ResilientEnv(
-        functools.partial(ScriptableEnv, step=worker_envs.spawn_then_hang), isolate=True, step_timeout=0.5
+    env = ResilientEnv.isolated(
+        functools.partial(ScriptableEnv, step=worker_envs.spawn_then_hang), step_timeout=0.5
     )
     env.reset()
     tool = psutil.Process(env.step("start the tool")[0])
@@ -191,7 +191,7 @@ def test_the_subprocesses_of_a_killed_worker_are_killed_with_it() -> None:
 
 
 def test_a_reset_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:
-    env = ResilientEnv(worker_envs.hanging_reset_env, isolate=True, reset_timeout=0.5)
+    env = ResilientEnv.isolated(worker_envs.hanging_reset_env, reset_timeout=0.5)
     worker = worker_of(env)
     error, elapsed = timed(env.reset)
     assert isinstance(error, EnvTimeoutError)
@@ -207,7 +207,7 @@ def test_a_reset_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_clos
 def test_a_reset_past_its_deadline_is_not_retried_though_the_policy_retries_timeouts() -> None:
     slept: list[float] = []
     policy = RetryPolicy(attempts=3, retry_on=(TimeoutError, EnvClosedError), sleep=slept.append)
-    env = ResilientEnv(worker_envs.hanging_reset_env, isolate=True, reset_timeout=0.3, reset_retry=policy)
+    env = ResilientEnv.isolated(worker_envs.hanging_reset_env, reset_timeout=0.3, reset_retry=policy)
     error, elapsed = timed(env.reset)
     assert isinstance(error, EnvTimeoutError)  # itself a TimeoutError: the policy would have retried it
     assert elapsed < 0.3 + MARGIN_S
@@ -216,7 +216,7 @@ def test_a_reset_past_its_deadline_is_not_retried_though_the_policy_retries_time
 
 def test_a_factory_that_hangs_is_killed_at_the_start_deadline() -> None:
     before = descendants()
-    error, elapsed = timed(lambda: ResilientEnv(worker_envs.hang, isolate=True, start_timeout=0.5))
+    error, elapsed = timed(lambda: ResilientEnv.isolated(worker_envs.hang, start_timeout=0.5))
     assert isinstance(error, EnvTimeoutError)
     assert str(error) == "env start exceeded its 0.5 s deadline"
     assert elapsed < 0.5 + MARGIN_S + 1.0  # the first start in a session also starts the fork server
@@ -224,7 +224,7 @@ def test_a_factory_that_hangs_is_killed_at_the_start_deadline() -> None:
 
 
 def test_close_kills_a_worker_whose_env_close_outlasts_close_timeout() -> None:
-    env = ResilientEnv(worker_envs.hanging_close_env, isolate=True, close_timeout=0.5)
+    env = ResilientEnv.isolated(worker_envs.hanging_close_env, close_timeout=0.5)
     worker = worker_of(env)
     error, elapsed = timed(env.close)
     assert isinstance(error, EnvCloseError)
@@ -238,7 +238,7 @@ def test_close_kills_a_worker_whose_env_close_outlasts_close_timeout() -> None:
 def test_close_from_another_thread_during_a_hanging_step_kills_the_worker_and_the_step_sees_it_closed() -> (
     None
 ):
-    env = ResilientEnv(worker_envs.hanging_step_env, isolate=True, close_timeout=0.3)
+    env = ResilientEnv.isolated(worker_envs.hanging_step_env, close_timeout=0.3)
     worker = worker_of(env)
     env.reset()
     with ThreadPoolExecutor(1) as pool:
@@ -253,7 +253,7 @@ def test_close_from_another_thread_during_a_hanging_step_kills_the_worker_and_th
 
 
 def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() -> None:
-    env = ResilientEnv(worker_envs.hanging_step_env, isolate=True)  # no deadline: only Ctrl-C ends it
+    env = ResilientEnv.isolated(worker_envs.hanging_step_env)  # no deadline: only Ctrl-C ends it
     worker = worker_of(env)
     env.reset()
     main_thread = threading.main_thread().ident
@@ -278,7 +278,7 @@ def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() ->
 
 
 def test_a_worker_that_exits_mid_step_raises_env_worker_died_error_naming_the_exit_code() -> None:
-    env = ResilientEnv(worker_envs.exiting_step_env, isolate=True)
+    env = ResilientEnv.isolated(worker_envs.exiting_step_env)
     worker = worker_of(env)
     env.reset()
     with pytest.raises(EnvWorkerDiedError) as caught:
@@ -293,7 +293,7 @@ def test_a_worker_that_exits_mid_step_raises_env_worker_died_error_naming_the_ex
 
 
 def test_a_worker_killed_from_outside_between_calls_raises_env_worker_died_error() -> None:
-    env = ResilientEnv(worker_envs.text_env, isolate=True)
+    env = ResilientEnv.isolated(worker_envs.text_env)
     worker = worker_of(env)
     env.reset()
     worker.kill()  # the OOM killer, say
@@ -308,7 +308,7 @@ def test_a_worker_killed_from_outside_between_calls_raises_env_worker_died_error
 def test_a_factory_that_raises_in_the_worker_raises_its_exception_and_leaves_no_worker() -> None:
     before = descendants() | multiprocessing_helpers()
     with pytest.raises(RuntimeError) as caught:
-        ResilientEnv(worker_envs.broken_factory, isolate=True)
+        ResilientEnv.isolated(worker_envs.broken_factory)
     assert str(caught.value) == "no container runtime"
     assert any("raise RuntimeError" in note for note in caught.value.__notes__)
     assert descendants() <= before | multiprocessing_helpers()
@@ -318,7 +318,7 @@ def test_a_factory_that_raises_in_the_worker_raises_its_exception_and_leaves_no_
 
 
 def test_an_exception_in_the_worker_step_arrives_as_env_step_error_with_the_original_as_cause() -> None:
-    env = ResilientEnv(worker_envs.failing_step_env, isolate=True)
+    env = ResilientEnv.isolated(worker_envs.failing_step_env)
     worker = worker_of(env)
     env.reset()
     with pytest.raises(EnvStepError) as caught:
@@ -335,7 +335,7 @@ def test_an_exception_in_the_worker_step_arrives_as_env_step_error_with_the_orig
 
 
 def test_close_on_error_false_keeps_an_isolated_env_open_after_a_step_error() -> None:
-    env = ResilientEnv(worker_envs.failing_step_env, isolate=True, close_on_error=False)
+    env = ResilientEnv.isolated(worker_envs.failing_step_env, close_on_error=False)
     env.reset()
     with pytest.raises(EnvStepError):
         env.step("e2e4")
@@ -366,7 +366,7 @@ def test_close_on_error_false_keeps_an_isolated_env_open_after_a_step_error() ->
 def test_an_exception_that_cannot_cross_arrives_as_unpicklable_env_error_with_its_type_and_message(
     step: Any, type_name: str, message: str, reason: str
 ) -> None:
-    env = ResilientEnv(functools.partial(ScriptableEnv, step=step), isolate=True)
+    env = ResilientEnv.isolated(functools.partial(ScriptableEnv, step=step))
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("run")
@@ -378,7 +378,7 @@ def test_an_exception_that_cannot_cross_arrives_as_unpicklable_env_error_with_it
 
 
 def test_a_step_result_that_cannot_be_pickled_is_a_step_error() -> None:
-    env = ResilientEnv(functools.partial(ScriptableEnv, step=worker_envs.return_unpicklable), isolate=True)
+    env = ResilientEnv.isolated(functools.partial(ScriptableEnv, step=worker_envs.return_unpicklable))
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("lock")
@@ -387,7 +387,7 @@ def test_a_step_result_that_cannot_be_pickled_is_a_step_error() -> None:
 
 
 def test_an_action_that_cannot_be_pickled_is_a_step_error_and_never_reaches_the_worker() -> None:
-    env = ResilientEnv(worker_envs.text_env, isolate=True, close_on_error=False)
+    env = ResilientEnv.isolated(worker_envs.text_env, close_on_error=False)
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step(threading.Lock())
@@ -399,9 +399,8 @@ def test_an_action_that_cannot_be_pickled_is_a_step_error_and_never_reaches_the_
 def test_a_keyboard_interrupt_raised_by_the_env_in_the_worker_propagates_unchanged_and_closes_the_env() -> (
     None
 ):
-    env = ResilientEnv(
+    env = ResilientEnv.isolated(
         functools.partial(ScriptableEnv, step=worker_envs.raise_keyboard_interrupt),
-        isolate=True,
         close_on_error=False,  # interruptions close regardless, as in-process
     )
     worker = worker_of(env)
@@ -413,7 +412,7 @@ def test_a_keyboard_interrupt_raised_by_the_env_in_the_worker_propagates_unchang
 
 
 def test_a_failing_close_in_the_worker_raises_env_close_error_with_the_original_as_cause() -> None:
-    env = ResilientEnv(worker_envs.failing_close_env, isolate=True)
+    env = ResilientEnv.isolated(worker_envs.failing_close_env)
     worker = worker_of(env)
     with pytest.raises(EnvCloseError) as caught:
         env.close()
@@ -434,8 +433,8 @@ def test_a_deadline_without_isolation_raises_unsupported_config_error(option: st
     with pytest.raises(UnsupportedConfigError) as caught:
         ResilientEnv(ScriptableEnv(), **kwargs)
     assert str(caught.value) == (
-        f"{option}: needs isolate=True: a deadline is kept by killing the process that runs the env, "
-        "and a thread cannot be stopped"
+        f"{option}: needs ResilientEnv.isolated: a deadline is kept by killing the process that runs the "
+        "env, and a thread cannot be stopped"
     )
     assert caught.value.option == option
     assert isinstance(caught.value, ValueError)
@@ -458,27 +457,39 @@ def test_isolation_rejects_a_timeout_that_is_not_a_number_of_seconds(
     kwargs: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(UnsupportedConfigError) as caught:
-        ResilientEnv(worker_envs.text_env, isolate=True, **kwargs)
+        ResilientEnv.isolated(worker_envs.text_env, **kwargs)
     assert str(caught.value) == message
 
 
 def test_isolation_rejects_an_env_instance_and_an_unpicklable_factory() -> None:
     with pytest.raises(
-        UnsupportedConfigError, match=r"^env: isolate=True builds the env in a worker process"
+        UnsupportedConfigError, match=r"^env: an isolated env is built in a worker process: pass a picklable"
     ):
-        ResilientEnv(ScriptableEnv(), isolate=True)
+        ResilientEnv.isolated(ScriptableEnv())
     with pytest.raises(
         UnsupportedConfigError, match=r"^env: an isolated env is built .* from a picklable"
     ) as caught:
-        ResilientEnv(lambda: ScriptableEnv(), isolate=True)
+        ResilientEnv.isolated(lambda: ScriptableEnv())
     assert caught.value.__cause__ is not None
 
 
 def test_a_factory_without_isolation_is_rejected_with_a_type_error_that_says_what_to_do() -> None:
     with pytest.raises(
-        TypeError, match=r"^expected a gymnasium.Env \(or, with isolate=True, a factory of one\)"
+        TypeError, match=r"^expected a gymnasium.Env \(or, with ResilientEnv.isolated, a factory of one\)"
     ):
         ResilientEnv(worker_envs.text_env)
+
+
+def test_the_isolate_flag_still_builds_an_isolated_env_and_warns_that_isolated_replaces_it() -> None:
+    with pytest.warns(DeprecationWarning, match=r"use ResilientEnv\.isolated\(factory, \.\.\.\)") as caught:
+        env = ResilientEnv(worker_envs.text_env, isolate=True, step_timeout=5.0)  # the old form
+    assert caught[0].filename == __file__  # the warning points at the caller
+    try:
+        assert isinstance(env.unwrapped, IsolatedEnv)
+        assert env.reset()[0] == "Say something."
+    finally:
+        env.close()
+    assert env.unwrapped.closed
 
 
 # --- no process left behind --------------------------------------------------------------------------
@@ -492,7 +503,7 @@ def test_sixteen_isolated_envs_in_threads_with_one_hanging_all_finish_and_leave_
 
     def rollout(index: int) -> object:
         factory = worker_envs.hanging_step_env if index == hanging else worker_envs.text_env
-        with ResilientEnv(factory, isolate=True, step_timeout=2.0) as env:
+        with ResilientEnv.isolated(factory, step_timeout=2.0) as env:
             env.reset(seed=index)
             for turn in range(5):
                 observation, *_ = env.step(f"rollout {index} turn {turn}")
@@ -511,7 +522,7 @@ def test_sixteen_isolated_envs_in_threads_with_one_hanging_all_finish_and_leave_
 
 
 def test_garbage_collection_of_an_unclosed_isolated_env_closes_its_worker() -> None:
-    env = ResilientEnv(worker_envs.text_env, isolate=True)
+    env = ResilientEnv.isolated(worker_envs.text_env)
     worker = worker_of(env)
     env.reset()
     with pytest.warns(ResourceWarning, match=r"^unclosed ResilientEnv around <IsolatedEnv<ScriptableEnv"):
@@ -548,8 +559,8 @@ def test_interpreter_exit_with_unclosed_isolated_envs_closes_them_and_leaves_no_
         from gym_resilience.testing import ScriptableEnv
 
         envs = [
-            ResilientEnv(functools.partial(ScriptableEnv, close=worker_envs.print_on_close), isolate=True),
-            ResilientEnv(worker_envs.hanging_close_env, isolate=True, close_timeout=0.5),
+            ResilientEnv.isolated(functools.partial(ScriptableEnv, close=worker_envs.print_on_close)),
+            ResilientEnv.isolated(worker_envs.hanging_close_env, close_timeout=0.5),
         ]
         for env in envs:
             env.reset()
@@ -571,7 +582,7 @@ def test_a_hung_worker_does_not_outlive_its_parent_killed_with_sigkill() -> None
         import worker_envs
         from gym_resilience.env import ResilientEnv
 
-        env = ResilientEnv(worker_envs.hanging_step_env, isolate=True, close_timeout=0.5)
+        env = ResilientEnv.isolated(worker_envs.hanging_step_env, close_timeout=0.5)
         env.reset()
         print(env.env.pid, flush=True)
         env.step("sleep forever")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doubles import CountingTextEnv, EnvLedger, factory, fail_on, tasks
+from doubles import EnvCounts, Fault, factory, fail_on, tasks
 
 from gym_resilience import (
     BatchRunner,
@@ -22,7 +22,6 @@ from gym_resilience import (
     RetryPolicy,
     RolloutFailure,
     RunnerConfig,
-    Task,
     validate_batch_output,
 )
 from gym_resilience.engines.scripted import ScriptedEngine
@@ -40,7 +39,7 @@ async def test_the_warning_log_names_each_failed_rollout_and_its_root_cause(
     vllm_engine: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, max_tokens=12)
-    runner = BatchRunner(vllm_engine, factory(EnvLedger(), fail_on({"t1", "t4"}, turn=1)), config)
+    runner = BatchRunner(vllm_engine, factory(EnvCounts(), fail_on({"t1", "t4"}, turn=1)), config)
     with caplog.at_level(logging.WARNING, logger="gym_resilience"):
         result = await runner.generate(tasks(6))
     assert [t.is_placeholder for t in result.trajectories] == [i in (1, 4) for i in range(6)]
@@ -64,24 +63,19 @@ async def test_the_warning_log_names_each_failed_rollout_and_its_root_cause(
 async def test_a_batch_without_failures_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=8)
     with caplog.at_level(logging.DEBUG, logger="gym_resilience"):
-        await BatchRunner(ScriptedEngine(), factory(EnvLedger()), config).generate(tasks(3))
+        await BatchRunner(ScriptedEngine(), factory(EnvCounts()), config).generate(tasks(3))
     assert runner_records(caplog) == []
 
 
 async def test_a_failed_attempt_that_is_retried_is_logged_before_the_retry(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    calls: list[str] = []
-
-    def once(phase: str, instance_id: str, turn: int) -> None:
-        if phase == "step" and instance_id == "t2" and not calls:
-            calls.append(instance_id)
-            raise ConnectionError("tool server reset the connection")
-
+    reset_by_peer = "tool server reset the connection"
+    once = fail_on({"t2"}, turn=None, attempt=0, exc=ConnectionError, message=reset_by_peer)
     retry = RetryPolicy(attempts=2, initial_delay_s=0.0, jitter_s=0.0, retry_on=(EnvStepError,))
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=8, retry=retry)
     with caplog.at_level(logging.WARNING, logger="gym_resilience"):
-        result = await BatchRunner(ScriptedEngine(), factory(EnvLedger(), once), config).generate(tasks(3))
+        result = await BatchRunner(ScriptedEngine(), factory(EnvCounts(), once), config).generate(tasks(3))
     assert not any(t.is_placeholder for t in result.trajectories)
     assert [record.getMessage() for record in runner_records(caplog)] == [
         "rollout 2 (t2_0) attempt 1 failed with EnvStepError, root cause ConnectionError: tool server reset "
@@ -94,12 +88,12 @@ def test_in_a_program_that_configures_no_logging_the_warnings_reach_stderr_and_n
         f"""
         import asyncio, sys
         sys.path.insert(0, {str(TESTS)!r})
-        from doubles import CountingTextEnv, EnvLedger, factory, fail_on, tasks
+        from doubles import EnvCounts, factory, fail_on, tasks
         from gym_resilience import BatchRunner, RunnerConfig
         from gym_resilience.engines.scripted import ScriptedEngine
 
         config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=8)
-        runner = BatchRunner(ScriptedEngine(), factory(EnvLedger(), fail_on({{"t1"}}, turn=0)), config)
+        runner = BatchRunner(ScriptedEngine(), factory(EnvCounts(), fail_on({{"t1"}}, turn=0)), config)
         asyncio.run(runner.generate(tasks(3)))
         """
     )
@@ -124,31 +118,17 @@ def test_in_a_program_that_configures_no_logging_the_warnings_reach_stderr_and_n
 # An env whose close fails after a complete episode: the trajectory is kept.
 
 
-class CloseFailsEnv(CountingTextEnv):
-    """Closes (and counts it), then raises, for the tasks named in ``failing``."""
-
-    failing: frozenset[str] = frozenset()
-
-    def close(self) -> None:
-        super().close()
-        if self.task.instance_id in self.failing:
-            raise OSError("sandbox teardown failed")
-
-
-def close_fails_on(ledger: EnvLedger, instance_ids: set[str], step_fault: Any = None) -> Any:
-    def make(task: Task) -> CloseFailsEnv:
-        env = CloseFailsEnv(task, ledger, step_fault or (lambda *a: None), turns=2)
-        env.failing = frozenset(instance_ids)
-        return env
-
-    return make
+def close_fails_on(ledger: EnvCounts, instance_ids: set[str], *step_faults: Fault) -> Any:
+    """Envs that close (and count it), then raise, for the tasks named in ``instance_ids``."""
+    closing = fail_on(instance_ids, phase="close", turn=None, exc=OSError, message="sandbox teardown failed")
+    return factory(ledger, *step_faults, closing, turns=2)
 
 
 @pytest.mark.parametrize("skip_failed_rollouts", [True, False])
 async def test_a_close_failure_after_a_complete_episode_keeps_the_trajectory_and_is_logged_and_counted(
     skip_failed_rollouts: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     config = RunnerConfig(skip_failed_rollouts=skip_failed_rollouts, max_turns=2, max_tokens=8)
     with caplog.at_level(logging.WARNING, logger="gym_resilience"):
         result = await BatchRunner(ScriptedEngine(), close_fails_on(ledger, {"t1"}), config).generate(
@@ -164,11 +144,11 @@ async def test_a_close_failure_after_a_complete_episode_keeps_the_trajectory_and
         "kept; root cause OSError: sandbox teardown failed",
         "batch: 1 envs failed to close after a complete episode (their trajectories are kept)",
     ]
-    assert ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert ledger.open == 0 and ledger.closed_more_than_once() == 0
 
 
 async def test_a_close_failure_after_a_failed_rollout_still_goes_with_the_failure() -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=8)
     factory_ = close_fails_on(ledger, {"t1"}, fail_on({"t1"}, turn=0))
     result = await BatchRunner(ScriptedEngine(), factory_, config).generate(tasks(3))
@@ -178,4 +158,4 @@ async def test_a_close_failure_after_a_failed_rollout_still_goes_with_the_failur
     # ResilientEnv closed the env as the step failed; the close failure is a note on that failure.
     assert failure.exception.__notes__ == ["env close failed: OSError: sandbox teardown failed"]
     assert result.metrics["env_close_errors"] == 0.0
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0

@@ -11,7 +11,7 @@ import gc
 from typing import Any
 
 import pytest
-from doubles import EnvLedger, factory, tasks
+from doubles import EnvCounts, Fault, factory, fail_on, tasks
 
 from gym_resilience import (
     AllRolloutsFailedError,
@@ -227,17 +227,13 @@ def test_an_unprintable_close_failure_at_garbage_collection_is_still_reported() 
 # --- placeholders, failures and metrics carry the root cause -------------------------------------------
 
 
-def dropping_connection(instance_ids: set[str]) -> Any:
-    def fault(phase: str, instance_id: str, turn: int) -> None:
-        if phase == "step" and instance_id in instance_ids and turn == 1:
-            raise ConnectionError("sandbox connection dropped")
-
-    return fault
+def dropping_connection(instance_ids: set[str]) -> Fault:
+    return fail_on(instance_ids, turn=1, exc=ConnectionError, message="sandbox connection dropped")
 
 
 async def test_a_placeholder_names_its_failure_and_the_root_cause_and_metrics_count_both() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, max_tokens=12)
-    runner = BatchRunner(ScriptedEngine(), factory(EnvLedger(), dropping_connection({"t1", "t4"})), config)
+    runner = BatchRunner(ScriptedEngine(), factory(EnvCounts(), dropping_connection({"t1", "t4"})), config)
     result = await runner.generate(tasks(6))
     validate_batch_output(result.output, num_prompts=6)
     placeholder = result.trajectories[1]
@@ -274,7 +270,7 @@ def engine_failing_on(calls: set[int], error: Exception) -> ScriptedEngine:
 async def test_an_unprintable_engine_exception_under_skip_failed_rollouts_keeps_the_batch(
     error_type: type[Exception],
 ) -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     engine = engine_failing_on({0}, error_type())
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=12, max_concurrency=1)
     result = await BatchRunner(engine, factory(ledger), config).generate(tasks(4))
@@ -291,14 +287,14 @@ async def test_an_unprintable_engine_exception_under_skip_failed_rollouts_keeps_
     )
     assert (placeholder.failure.phase, placeholder.failure.turn) == ("generate", 0)
     assert result.metrics[f"rollout_errors/cause/{name}"] == 1.0
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0
 
 
 async def test_when_every_rollout_fails_unprintably_the_batch_error_still_renders() -> None:
     engine = engine_failing_on(set(range(3)), UnprintableError())
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=12)
     with pytest.raises(AllRolloutsFailedError) as caught:
-        await BatchRunner(engine, factory(EnvLedger()), config).generate(tasks(3))
+        await BatchRunner(engine, factory(EnvCounts()), config).generate(tasks(3))
     assert str(caught.value) == (
         "all 3 rollouts failed; first: UnprintableError: <unprintable UnprintableError object>"
     )

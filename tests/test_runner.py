@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
-from doubles import EnvLedger, factory, fail_on, tasks
+from doubles import CountingTextEnv, EnvCounts, Fault, factory, fail_on, tasks
 
 from gym_resilience import (
     AllRolloutsFailedError,
@@ -27,10 +28,9 @@ from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.trajectories import TrajectoryId, build_batch_output, without_timings
 
 
-async def run(config: RunnerConfig, ledger: EnvLedger, fault=None, n: int = 6, engine=None, turns: int = 3):
-    runner = BatchRunner(
-        engine or ScriptedEngine(), factory(ledger, fault or (lambda *a: None), turns=turns), config
-    )
+async def run(config: RunnerConfig, ledger: EnvCounts, fault=None, n: int = 6, engine=None, turns: int = 3):
+    faults = () if fault is None else (fault,)
+    runner = BatchRunner(engine or ScriptedEngine(), factory(ledger, *faults, turns=turns), config)
     return await runner.generate(tasks(n))
 
 
@@ -57,8 +57,8 @@ def test_non_positive_counts_are_rejected_naming_the_option(option: str) -> None
 
 async def test_failed_rollouts_become_placeholders_and_successes_stay_intact() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, max_tokens=12)
-    baseline = await run(config, EnvLedger())
-    ledger = EnvLedger()
+    baseline = await run(config, EnvCounts())
+    ledger = EnvCounts()
     result = await run(config, ledger, fail_on({"t1", "t4"}))
     assert [t.is_placeholder for t in result.trajectories] == [False, True, False, False, True, False]
     for index in (0, 2, 3, 5):
@@ -70,7 +70,7 @@ async def test_failed_rollouts_become_placeholders_and_successes_stay_intact() -
     assert placeholder.failure is not None and placeholder.failure.phase == "step"
     assert placeholder.failure.turn == 1 and placeholder.failure.error_type == "EnvStepError"
     validate_batch_output(result.output, num_prompts=6)
-    assert ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert ledger.open == 0 and ledger.closed_more_than_once() == 0
     assert result.metrics["rollout_errors"] == 2.0
     assert result.metrics["rollout_errors/type/EnvStepError"] == 2.0
     assert result.metrics["rollout_errors/phase/step"] == 2.0
@@ -78,7 +78,7 @@ async def test_failed_rollouts_become_placeholders_and_successes_stay_intact() -
 
 async def test_placeholder_reward_follows_token_level_rewards_and_logprobs() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, token_level_rewards=True, logprobs=True)
-    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0))
+    result = await run(config, EnvCounts(), fail_on({"t0"}, turn=0))
     placeholder = result.trajectories[0]
     assert isinstance(placeholder, Trajectory)
     assert placeholder.reward == [0.0] and placeholder.rollout_logprobs == [0.0]
@@ -90,7 +90,7 @@ async def test_placeholder_reward_follows_token_level_rewards_and_logprobs() -> 
 
 
 async def test_all_rollouts_failing_raises_with_the_first_exception_as_cause() -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     config = RunnerConfig(skip_failed_rollouts=True)
     with pytest.raises(AllRolloutsFailedError) as info:
         await run(config, ledger, fail_on({f"t{i}" for i in range(6)}, turn=0), n=6)
@@ -98,27 +98,27 @@ async def test_all_rollouts_failing_raises_with_the_first_exception_as_cause() -
     assert len(info.value.exceptions) == 6
     assert info.value.__cause__ is info.value.exceptions[0]
     assert isinstance(info.value.__cause__, EnvStepError)
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0
 
 
 async def test_without_the_flag_a_failure_aborts_the_step_and_cancels_its_siblings() -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     engine = ScriptedEngine(delay_s=0.05)
     before = asyncio.all_tasks()
     with pytest.raises(EnvStepError, match="turn 0"):
         await run(RunnerConfig(max_turns=3), ledger, fail_on({"t2"}, turn=0), n=8, engine=engine)
     assert asyncio.all_tasks() == before
     assert engine.cancelled > 0
-    assert ledger.created == 8 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert ledger.created == 8 and ledger.open == 0 and ledger.closed_more_than_once() == 0
 
 
 async def test_the_env_is_closed_when_its_rollout_raises_in_reset() -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     result = await run(
         RunnerConfig(skip_failed_rollouts=True), ledger, fail_on({"t3"}, phase="reset", turn=0)
     )
     assert result.failures[0].phase == "reset"
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0
 
 
 async def test_a_step_wise_batch_whose_first_success_has_no_steps_does_not_crash() -> None:
@@ -132,19 +132,15 @@ async def test_a_step_wise_batch_whose_first_success_has_no_steps_does_not_crash
 
 async def test_a_step_wise_run_with_an_over_long_prompt_has_no_steps_and_validates() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, step_wise=True, max_turns=2, max_input_length=30)
-    result = await run(config, EnvLedger(), fail_on({"t0"}, phase="reset", turn=0), n=3)
+    result = await run(config, EnvCounts(), fail_on({"t0"}, phase="reset", turn=0), n=3)
     assert all(isinstance(t, StepWiseTrajectory) and not t.steps for t in result.trajectories[1:])
     with pytest.warns(OutputValidationWarning, match="every loss mask in the batch is all zeros"):
         validate_batch_output(result.output, num_prompts=3, step_wise=True)
 
 
 async def test_a_placeholder_e2e_time_is_the_failed_rollouts_measured_time() -> None:
-    def slow_failure(phase: str, instance_id: str, turn: int) -> None:
-        if phase == "step" and instance_id == "t0":
-            time.sleep(0.2)
-            raise ConnectionError("network blip")
-
-    result = await run(RunnerConfig(skip_failed_rollouts=True), EnvLedger(), slow_failure, n=2)
+    slow_failure = fail_on({"t0"}, turn=None, exc=ConnectionError, message="network blip", sleep_s=0.2)
+    result = await run(RunnerConfig(skip_failed_rollouts=True), EnvCounts(), slow_failure, n=2)
     placeholder = result.trajectories[0]
     assert placeholder.is_placeholder and placeholder.e2e_time is not None
     assert placeholder.e2e_time >= 0.2
@@ -155,7 +151,7 @@ async def test_a_placeholder_e2e_time_is_the_failed_rollouts_measured_time() -> 
 async def test_base_exceptions_in_a_rollout_propagate_and_every_env_is_closed(
     exc: type[BaseException],
 ) -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     engine = ScriptedEngine(delay_s=0.02)
     with pytest.raises(exc):
         await run(
@@ -164,12 +160,12 @@ async def test_base_exceptions_in_a_rollout_propagate_and_every_env_is_closed(
             fail_on({"t1"}, exc=exc),
             engine=engine,
         )
-    assert ledger.created >= 2 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert ledger.created >= 2 and ledger.open == 0 and ledger.closed_more_than_once() == 0
 
 
 async def test_mutating_one_placeholder_changes_no_other() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, token_level_rewards=True, logprobs=True)
-    result = await run(config, EnvLedger(), fail_on({"t0", "t1"}, turn=0), n=3)
+    result = await run(config, EnvCounts(), fail_on({"t0", "t1"}, turn=0), n=3)
     first, second = result.trajectories[0], result.trajectories[1]
     assert isinstance(first, Trajectory) and isinstance(second, Trajectory)
     assert isinstance(first.reward, list) and first.rollout_logprobs is not None
@@ -182,13 +178,13 @@ async def test_mutating_one_placeholder_changes_no_other() -> None:
 
 
 async def test_cancelling_the_batch_closes_every_env() -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     batch = asyncio.create_task(run(RunnerConfig(max_turns=3), ledger, engine=ScriptedEngine(delay_s=1.0)))
     await asyncio.sleep(0.1)
     batch.cancel()
     with pytest.raises(asyncio.CancelledError):
         await batch
-    assert ledger.created == 6 and ledger.open_envs() == 0
+    assert ledger.created == 6 and ledger.open == 0
 
 
 async def test_non_stop_knobs_zero_reward_and_loss_of_truncated_rows_and_placeholders() -> None:
@@ -198,7 +194,7 @@ async def test_non_stop_knobs_zero_reward_and_loss_of_truncated_rows_and_placeho
         zero_reward_on_non_stop=True,
         apply_overlong_filtering=True,
     )
-    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0), n=3)
+    result = await run(config, EnvCounts(), fail_on({"t0"}, turn=0), n=3)
     assert result.output.stop_reasons == ["rollout_error", "length", "length"]
     assert result.output.rewards == [0.0, 0.0, 0.0]
     assert all(set(mask) == {0} for mask in result.output.loss_masks)
@@ -213,7 +209,7 @@ async def test_non_stop_knobs_edit_the_trajectories_and_the_output_alike(step_wi
         zero_reward_on_non_stop=True,
         apply_overlong_filtering=True,
     )
-    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0), n=3)
+    result = await run(config, EnvCounts(), fail_on({"t0"}, turn=0), n=3)
     rebuilt = build_batch_output(result.trajectories)
     assert rebuilt.rewards == result.output.rewards
     assert rebuilt.loss_masks == result.output.loss_masks
@@ -221,7 +217,7 @@ async def test_non_stop_knobs_edit_the_trajectories_and_the_output_alike(step_wi
 
 
 async def test_samples_per_prompt_give_one_trajectory_per_task_and_repetition_in_order() -> None:
-    result = await run(RunnerConfig(n_samples_per_prompt=2), EnvLedger(), n=2)
+    result = await run(RunnerConfig(n_samples_per_prompt=2), EnvCounts(), n=2)
     assert [str(t) for t in result.output.trajectory_ids] == ["t0_0", "t0_1", "t1_0", "t1_1"]
     validate_batch_output(result.output, num_prompts=4)
 
@@ -240,27 +236,20 @@ async def test_max_concurrency_bounds_rollouts_in_flight() -> None:
         return echo_script(prompt_ids, sampling, call_index)
 
     await run(
-        RunnerConfig(max_concurrency=2, max_turns=1), EnvLedger(), engine=ScriptedEngine(script=script), n=6
+        RunnerConfig(max_concurrency=2, max_turns=1), EnvCounts(), engine=ScriptedEngine(script=script), n=6
     )
     assert peak == 2
 
 
 async def test_duplicate_instance_ids_are_rejected_naming_them() -> None:
-    runner = BatchRunner(ScriptedEngine(), factory(EnvLedger()), RunnerConfig())
+    runner = BatchRunner(ScriptedEngine(), factory(EnvCounts()), RunnerConfig())
     with pytest.raises(UnsupportedConfigError, match=r"repeated: \['t0'\]"):
         await runner.generate(tasks(2) + tasks(1))
 
 
-def flaky_once(instance_id: str, *, turn: int = 1, exc: type[Exception] = ConnectionError):
+def flaky_once(instance_id: str, *, turn: int = 1, exc: type[Exception] = ConnectionError) -> Fault:
     """Fails the first attempt of one task at ``turn``, then lets every later attempt through."""
-    fired: list[bool] = []
-
-    def fault(phase: str, task_id: str, t: int) -> None:
-        if phase == "step" and task_id == instance_id and t == turn and not fired:
-            fired.append(True)
-            raise exc("blip")
-
-    return fault
+    return fail_on({instance_id}, turn=turn, attempt=0, exc=exc, message="blip")
 
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_delay_s=0.0, max_delay_s=0.0, jitter_s=0.0)
@@ -268,26 +257,26 @@ FAST_RETRY = RetryPolicy(attempts=3, initial_delay_s=0.0, max_delay_s=0.0, jitte
 
 async def test_a_transient_failure_is_retried_with_a_fresh_env_and_equals_the_fault_free_rollout() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, retry=FAST_RETRY)
-    clean = await run(config, EnvLedger(), n=4)
-    ledger = EnvLedger()
+    clean = await run(config, EnvCounts(), n=4)
+    ledger = EnvCounts()
     result = await run(config, ledger, flaky_once("t2"), n=4)
     assert not result.failures
     assert [without_timings(t) for t in result.trajectories] == [
         without_timings(t) for t in clean.trajectories
     ]
-    assert ledger.created == 5 and ledger.open_envs() == 0
+    assert ledger.created == 5 and ledger.open == 0
     assert result.metrics["retries"] == 1.0 and result.metrics["retries/succeeded"] == 1.0
 
 
 async def test_exhausted_retries_become_a_placeholder_and_count_as_exhausted() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, retry=FAST_RETRY)
-    result = await run(config, EnvLedger(), fail_on({"t0"}, turn=0, exc=ConnectionError), n=3)
+    result = await run(config, EnvCounts(), fail_on({"t0"}, turn=0, exc=ConnectionError), n=3)
     assert result.failures[0].attempts == 3 and result.trajectories[0].is_placeholder
     assert result.metrics["retries"] == 2.0 and result.metrics["retries/exhausted"] == 1.0
 
 
 async def test_a_non_transient_failure_is_not_retried() -> None:
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     config = RunnerConfig(skip_failed_rollouts=True, retry=FAST_RETRY)
     result = await run(config, ledger, fail_on({"t0"}, turn=0, exc=ValueError), n=2)
     assert result.failures[0].attempts == 1 and ledger.created == 2 and "retries" not in result.metrics
@@ -303,7 +292,7 @@ async def test_a_generation_past_its_deadline_is_aborted_and_becomes_a_placehold
 
     engine = ScriptedEngine(script=stuck_on_first_call)
     config = RunnerConfig(skip_failed_rollouts=True, generation_timeout_s=0.2)
-    result = await run(config, EnvLedger(), engine=engine, n=3)
+    result = await run(config, EnvCounts(), engine=engine, n=3)
     failure = result.failures[0]
     assert isinstance(failure.exception, RolloutTimeoutError) and failure.phase == "generate"
     assert str(failure.exception) == (
@@ -314,27 +303,24 @@ async def test_a_generation_past_its_deadline_is_aborted_and_becomes_a_placehold
 
 
 async def test_a_rollout_past_its_deadline_raises_rollout_timeout_error_and_closes_its_env() -> None:
-    def slow_step(phase: str, instance_id: str, turn: int) -> None:
-        if phase == "step" and instance_id == "t1":
-            time.sleep(0.3)
-
-    ledger = EnvLedger()
+    slow_step = fail_on({"t1"}, turn=None, exc=None, sleep_s=0.3)
+    ledger = EnvCounts()
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, rollout_timeout_s=0.15)
     result = await run(config, ledger, slow_step, n=3)
     assert isinstance(result.failures[0].exception, RolloutTimeoutError)
     assert result.failures[0].phase == "step"
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0
 
 
 async def test_more_failures_than_the_budget_raise_with_every_failure_attached() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_failed_fraction=0.25)
     with pytest.raises(FailureBudgetExceededError) as info:
-        await run(config, EnvLedger(), fail_on({"t0", "t3", "t5"}, turn=0), n=8)
+        await run(config, EnvCounts(), fail_on({"t0", "t3", "t5"}, turn=0), n=8)
     assert len(info.value.exceptions) == 3 and info.value.total == 8
     assert str(info.value) == (
         "3 of 8 rollouts failed, over the budget of 25%: ValueError: injected step failure in t0 at turn 0"
     )
-    within = await run(config, EnvLedger(), fail_on({"t0", "t3"}, turn=0), n=8)
+    within = await run(config, EnvCounts(), fail_on({"t0", "t3"}, turn=0), n=8)
     assert len(within.failures) == 2
 
 
@@ -360,14 +346,23 @@ async def test_engine_and_env_calls_can_tell_which_rollout_they_serve() -> None:
         seen.append(("generate", rollout.rollout_index, rollout.attempt, rollout.turn))
         return echo_script(prompt_ids, sampling, call_index)
 
-    def env_side(phase: str, instance_id: str, turn: int) -> None:
+    def env_side(phase: str) -> None:
         rollout = current_rollout()
         assert rollout is not None
         seen.append((phase, rollout.rollout_index, rollout.attempt, rollout.turn))
 
-    await run(
-        RunnerConfig(max_turns=2), EnvLedger(), env_side, n=2, engine=ScriptedEngine(script=engine_side)
-    )
+    class Probed(CountingTextEnv):
+        def reset(self, **kwargs: Any) -> Any:
+            env_side("reset")
+            return super().reset(**kwargs)
+
+        def step(self, action: str) -> Any:
+            env_side("step")
+            return super().step(action)
+
+    env_factory = factory(EnvCounts(), env=Probed)
+    runner = BatchRunner(ScriptedEngine(script=engine_side), env_factory, RunnerConfig(max_turns=2))
+    await runner.generate(tasks(2))
     assert sorted(seen) == sorted(
         (phase, index, 0, turn)
         for index in (0, 1)
@@ -389,7 +384,7 @@ async def test_engine_and_env_calls_can_tell_which_rollout_they_serve() -> None:
     ],
 )
 def test_a_malformed_step_result_is_a_type_error_naming_what_was_wrong(step_result, message) -> None:
-    from gym_resilience.agent_loop import checked_step
+    from gym_resilience.rollout.checks import checked_step
 
     with pytest.raises(TypeError) as info:
         checked_step(step_result)
@@ -397,25 +392,19 @@ def test_a_malformed_step_result_is_a_type_error_naming_what_was_wrong(step_resu
 
 
 async def test_a_rollout_cancelled_while_closing_its_env_still_closes_it() -> None:
-    from doubles import CountingTextEnv
-
     class SlowClose(CountingTextEnv):
         def close(self) -> None:
             time.sleep(0.3)
             super().close()
 
-    def interrupt_t0(phase: str, instance_id: str, turn: int) -> None:
-        if phase == "step" and instance_id == "t0" and turn == 1:
-            time.sleep(0.1)
-            raise KeyboardInterrupt
-
-    ledger = EnvLedger()
+    interrupt_t0 = fail_on({"t0"}, turn=1, exc=KeyboardInterrupt, sleep_s=0.1)
+    ledger = EnvCounts()
     env_factory = lambda task: (CountingTextEnv if task.instance_id == "t0" else SlowClose)(  # noqa: E731
-        task, ledger, interrupt_t0, 2
+        task, ledger, (interrupt_t0,), 2
     )
     # The other rollouts reach their final close while t0 still steps; the interrupt then cancels
     # them mid-close. Their envs must be closed all the same before the interrupt propagates.
     runner = BatchRunner(ScriptedEngine(), env_factory, RunnerConfig(skip_failed_rollouts=True, max_turns=2))
     with pytest.raises(KeyboardInterrupt):
         await runner.generate(tasks(6))
-    assert ledger.created == 6 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert ledger.created == 6 and ledger.open == 0 and ledger.closed_more_than_once() == 0

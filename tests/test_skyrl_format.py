@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from doubles import EnvLedger, factory, fail_on, tasks
+from doubles import EnvCounts, factory, fail_on, tasks
 
 from gym_resilience import (
     BatchOutput,
@@ -143,7 +143,7 @@ async def test_a_vllm_batch_with_placeholders_exports_a_generator_output_skyrls_
         token_level_rewards=token_level,
         step_wise=step_wise,
     )
-    runner = BatchRunner(vllm_engine, factory(EnvLedger(), fail_on({"t1", "t4"}, turn=1)), config)
+    runner = BatchRunner(vllm_engine, factory(EnvCounts(), fail_on({"t1", "t4"}, turn=1)), config)
     result = await runner.generate(tasks(6))
     data = result.output.to_dict()
     assert_skyrl_accepts(data, num_prompts=6, step_wise=step_wise)
@@ -168,7 +168,7 @@ async def test_a_vllm_batch_without_failures_exports_its_time_splits_and_their_m
     vllm_engine: Any,
 ) -> None:
     config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, max_tokens=12)
-    result = await BatchRunner(vllm_engine, factory(EnvLedger()), config).generate(tasks(3))
+    result = await BatchRunner(vllm_engine, factory(EnvCounts()), config).generate(tasks(3))
     data = result.output.to_dict()
     assert_skyrl_accepts(data, num_prompts=3)
     assert set(data["trajectory_time_splits"]) == {"llm", "env"}

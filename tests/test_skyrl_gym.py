@@ -177,7 +177,7 @@ def test_a_failing_step_is_a_typed_error_with_the_envs_exception_as_cause_and_th
 def test_the_factory_pickles_and_its_env_runs_isolated_in_a_worker_with_the_same_typed_errors() -> None:
     factory = skyrl_gym_factory(FLAKY_ID)
     assert pickle.loads(pickle.dumps(factory)) == factory
-    env = ResilientEnv(functools.partial(factory, task(0, max_turns=3, fail_at_turn=1)), isolate=True)
+    env = ResilientEnv.isolated(functools.partial(factory, task(0, max_turns=3, fail_at_turn=1)))
     try:
         assert env.reset()[0] == task(0).prompt
         assert env.step("a")[1:] == (0, False, False, {"steps": 1})

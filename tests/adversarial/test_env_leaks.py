@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from doubles import tasks
-from leaks import SETTLE_S, EnvCounts, counting_factory, eventually, no_leaks, wait_until, worker_processes
+from doubles import SETTLE_S, CountingTextEnv, EnvCounts, factory, tasks
+from leaks import eventually, no_leaks, wait_until, worker_processes
 from slow_envs import build_unless_stuck
 from worker_envs import hang_for_one_task
 
@@ -32,11 +32,10 @@ from gym_resilience import (
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.errors import EnvClosedError
 from gym_resilience.isolation import IsolatedEnv, StartAbort
-from gym_resilience.testing import ScriptableEnv
 
 pytestmark = pytest.mark.slow
 
-Factory = Callable[[Task], ScriptableEnv]
+Factory = Callable[[Task], CountingTextEnv]
 
 GIVE_UP_S = 0.2
 """close_timeout_s and rollout_timeout_s here: far shorter than the factories below take."""
@@ -49,7 +48,7 @@ def gated_factory(counts: EnvCounts, gate: threading.Event, slow: set[str] | Non
         if slow is None or task.instance_id in slow:
             gate.wait(SETTLE_S)
 
-    return counting_factory(counts, delay=delay)
+    return factory(counts, delay=delay)
 
 
 def late_notes(error: BaseException) -> list[str]:
@@ -59,7 +58,7 @@ def late_notes(error: BaseException) -> list[str]:
 @pytest.fixture(scope="module", autouse=True)
 def _fork_server_started() -> None:
     """The fork server is started once per program and stays: start it before any leak snapshot."""
-    ResilientEnv(functools.partial(build_unless_stuck, tasks(1)[0]), isolate=True).close()
+    ResilientEnv.isolated(functools.partial(build_unless_stuck, tasks(1)[0])).close()
 
 
 def stuck_tasks(n: int, stuck: set[int], how: str = "stuck_building") -> list[Task]:
@@ -123,7 +122,7 @@ async def test_a_rollout_timeout_while_envs_are_built_without_skipping_says_so_o
 
 async def test_a_batch_that_finishes_its_creations_in_time_reports_no_late_envs() -> None:
     counts = EnvCounts()
-    runner = BatchRunner(ScriptedEngine(), counting_factory(counts), RunnerConfig(skip_failed_rollouts=True))
+    runner = BatchRunner(ScriptedEngine(), factory(counts), RunnerConfig(skip_failed_rollouts=True))
     with no_leaks(counts):
         result = await runner.generate(tasks(4))
     assert result.metrics["envs_closed_late"] == 0.0

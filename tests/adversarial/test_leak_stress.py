@@ -13,15 +13,13 @@ import random
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-from doubles import tasks
-from leaks import EnvCounts, counting_factory, no_leaks
+from doubles import CountingTextEnv, EnvCounts, factory, fail_on, tasks
+from leaks import no_leaks
 
 from gym_resilience import AllRolloutsFailedError, BatchRunner, RunnerConfig, Task
 from gym_resilience.engines.scripted import ScriptedEngine
-from gym_resilience.testing import ScriptableEnv
 
 pytestmark = pytest.mark.slow
 
@@ -48,23 +46,17 @@ def delay(task: Task) -> None:
         raise ConnectionError(f"no sandbox for {task.instance_id}")
 
 
-def failing_step(env: ScriptableEnv, action: Any) -> Any:
-    if env.turn == 1:
-        raise ConnectionError("tool server went away")
-    return action, 1.0, False, False, {}
+FAILING_STEP = fail_on(None, turn=1, exc=ConnectionError, message="tool server went away")
+FAILING_RESET = fail_on(None, phase="reset", turn=None, exc=TimeoutError, message="sandbox did not answer")
 
 
-def failing_reset(env: ScriptableEnv, seed: int | None, options: dict[str, Any] | None) -> Any:
-    raise TimeoutError("sandbox did not answer")
-
-
-def stress_factory(counts: EnvCounts) -> Callable[[Task], ScriptableEnv]:
+def stress_factory(counts: EnvCounts) -> Callable[[Task], CountingTextEnv]:
     """Factory faults for a third of the failing share, reset faults for a third, step faults for the rest."""
-    plain = counting_factory(counts, delay=delay)
-    failing_resets = counting_factory(counts, delay=delay, reset=failing_reset)
-    failing_steps = counting_factory(counts, delay=delay, step=failing_step)
+    plain = factory(counts, delay=delay)
+    failing_resets = factory(counts, FAILING_RESET, delay=delay)
+    failing_steps = factory(counts, FAILING_STEP, delay=delay)
 
-    def build(task: Task) -> ScriptableEnv:
+    def build(task: Task) -> CountingTextEnv:
         fail = draw(task, "fail")
         if fail < FAILING / 3 or fail >= FAILING:
             return plain(task)

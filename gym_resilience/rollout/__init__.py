@@ -1,0 +1,27 @@
+"""One rollout of a batch, by concern.
+
+- :mod:`~gym_resilience.rollout.codec`: chat messages to token ids and back (``ChatCodec``).
+- :mod:`~gym_resilience.rollout.checks`: an env's step result checked before use.
+- :mod:`~gym_resilience.rollout.progress`: where a rollout is (``Progress``), and ``current_rollout()``.
+- :mod:`~gym_resilience.rollout.context`: ``RolloutContext``, what one attempt runs with.
+- :mod:`~gym_resilience.rollout.env_calls`: the env built, called and closed in the pool (``LateCloses``).
+- :mod:`~gym_resilience.rollout.loop`: the turn loop and the trajectory (``run_agent_loop``).
+"""
+
+from gym_resilience.env_backends import EnvFactory
+from gym_resilience.rollout.codec import ChatCodec
+from gym_resilience.rollout.context import RolloutContext
+from gym_resilience.rollout.env_calls import LateCloses
+from gym_resilience.rollout.loop import run_agent_loop
+from gym_resilience.rollout.progress import Progress, current_rollout, rollout_headers
+
+__all__ = [
+    "ChatCodec",
+    "EnvFactory",
+    "LateCloses",
+    "Progress",
+    "RolloutContext",
+    "current_rollout",
+    "rollout_headers",
+    "run_agent_loop",
+]

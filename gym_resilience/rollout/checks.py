@@ -1,0 +1,37 @@
+"""What an env hands back, checked before the rollout uses it: a wrong type fails where it is made."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["checked_step", "numeric_info"]
+
+
+def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str, Any]]:
+    """An env's ``step`` result, or a TypeError that says which part is wrong and what it was."""
+    if not isinstance(result, tuple) or len(result) != 5:
+        raise TypeError(
+            f"env.step must return (observation, reward, terminated, truncated, info), got {result!r:.80}"
+        )
+    observation, reward, terminated, truncated, info = result
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        raise TypeError(
+            f"env.step returned a reward of type {type(reward).__name__} ({reward!r:.40}), expected a number"
+        )
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool | numbers.Integral) and type(flag).__name__ != "bool_":  # numpy's bool
+            raise TypeError(f"env.step returned {name}={flag!r:.40}, expected a bool")
+    if not isinstance(info, Mapping):
+        raise TypeError(f"env.step returned info of type {type(info).__name__}, expected a dict")
+    return observation, float(reward), bool(terminated), bool(truncated), info
+
+
+def numeric_info(info: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of a step's ``info``: what becomes a trajectory's ``env_metrics``."""
+    return {
+        key: float(value)
+        for key, value in info.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }

@@ -1,0 +1,63 @@
+"""``RolloutContext``: everything one attempt at one rollout runs with, in one object."""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from gym_resilience.config import RunnerConfig
+from gym_resilience.engines.base import Engine, Sampling
+from gym_resilience.env import ResilientEnv
+from gym_resilience.env_backends import EnvFactory, make_env
+from gym_resilience.isolation import StartAbort
+from gym_resilience.rollout.codec import ChatCodec
+from gym_resilience.rollout.env_calls import LateCloses
+from gym_resilience.rollout.progress import Progress
+from gym_resilience.tasks import Task
+from gym_resilience.trajectories import TrajectoryId
+
+__all__ = ["RolloutContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutContext:
+    """One attempt at one rollout: the batch's parts (engine, codec, env factory, config, env pool, late
+    closes) and the rollout's own (task, trajectory id, progress). A retry gets a new one with a fresh
+    ``Progress``.
+    """
+
+    engine: Engine
+    codec: ChatCodec
+    env_factory: EnvFactory
+    config: RunnerConfig
+    executor: Executor
+    late: LateCloses
+    task: Task
+    trajectory_id: TrajectoryId
+    progress: Progress
+
+    @property
+    def index(self) -> int:
+        """The rollout's index in the batch (task x sample, in task order)."""
+        return self.progress.rollout_index
+
+    @property
+    def seed(self) -> int | None:
+        """``config.seed + index``: the seed of the env's reset and of sampling (None without config.seed)."""
+        return None if self.config.seed is None else self.config.seed + self.index
+
+    @property
+    def sampling(self) -> Sampling:
+        config = self.config
+        return Sampling(
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            seed=self.seed,
+            logprobs=config.logprobs,
+        )
+
+    def make_env(self, abort: StartAbort) -> ResilientEnv[Any, Any]:
+        """The rollout's env, where the config says it runs (``abort`` kills a worker still starting)."""
+        return make_env(self.env_factory, self.task, self.config, abort)

@@ -1,0 +1,208 @@
+"""One rollout: the multi-turn agent loop between an engine and a text env, and its trajectory.
+
+The env is created, reset, stepped and closed in a thread pool (gymnasium envs are synchronous), one
+call at a time per env, and closed in ``finally`` on every exit path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gym_resilience.engines.base import Generation
+from gym_resilience.env import ResilientEnv
+from gym_resilience.errors import RolloutError, RolloutTimeoutError, describe_exception, root_cause
+from gym_resilience.metrics import log_close_failure
+from gym_resilience.rollout.checks import checked_step, numeric_info
+from gym_resilience.rollout.codec import as_messages
+from gym_resilience.rollout.context import RolloutContext
+from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, create_env
+from gym_resilience.rollout.progress import enter_rollout
+from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory
+
+__all__ = ["run_agent_loop"]
+
+
+@dataclass
+class _Transcript:
+    """What a rollout accumulates turn by turn."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (last token index, reward)
+    steps: list[Trajectory] = field(default_factory=list)
+    stop_reason: str = "stop"
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def add_generated(self, generation: Generation) -> None:
+        self.response_ids += generation.token_ids
+        self.loss_mask += [1] * len(generation.token_ids)
+        self.logprobs += generation.logprobs or [0.0] * len(generation.token_ids)
+
+    def add_env_tokens(self, token_ids: list[int]) -> None:
+        self.response_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+
+def _reward(value: float, length: int, token_level: bool) -> float | list[float]:
+    """A turn's reward: a float, or token-level with the reward on the last token."""
+    if not token_level:
+        return value
+    rewards = [0.0] * length
+    if length:
+        rewards[-1] = value
+    return rewards
+
+
+async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
+    """Run one rollout to its end and return its trajectory; the env is closed on every path.
+
+    Teardown waits ``rollout.late.timeout_s`` at most for a step that a thread runs (a build, a close);
+    past it the step is left to that thread, which closes the env when it returns, and counted in
+    ``rollout.late``.
+    """
+    progress, late = rollout.progress, rollout.late
+    enter_rollout(progress)
+    call = EnvCalls(rollout.executor, progress)
+    progress.phase = "reset"
+    env = await create_env(call, rollout.make_env, late)
+    try:
+        messages, _ = await call(
+            env.reset,
+            seed=rollout.seed,
+            options={"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt},
+        )
+        result = await _turns(rollout, env, call, messages)
+    except BaseException as exc:
+        await close_after_failure(env, call, exc, late)
+        raise
+    progress.phase = "close"
+    closing = call.close(env)
+    # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise.
+    if not await late.wait(closing):
+        raise RolloutTimeoutError(
+            rollout_index=rollout.index,
+            phase="close",
+            turn=progress.turn,
+            elapsed_s=progress.elapsed(),
+            timeout_s=rollout.config.close_timeout_s,
+            what="env close",
+        )
+    try:
+        closing.result()
+    except Exception as error:
+        # The episode is complete, so its trajectory is good data whatever teardown did (SkyRL's
+        # generator keeps it too): the failure is logged and counted in env_close_errors, not raised.
+        result.close_error = describe_exception(root_cause(error))
+        log_close_failure(rollout.index, rollout.trajectory_id, error)
+    return result
+
+
+async def _turns(
+    rollout: RolloutContext, env: ResilientEnv[Any, Any], call: EnvCalls, opening: object
+) -> AnyTrajectory:
+    codec, config, progress = rollout.codec, rollout.config, rollout.progress
+    prompt_ids = codec.prompt(as_messages(opening))
+    record = _Transcript(prompt_ids=prompt_ids)
+    for turn in range(config.max_turns):
+        input_ids = prompt_ids + record.response_ids
+        if config.max_input_length is not None and len(input_ids) > config.max_input_length:
+            if turn == 0 and not config.step_wise:
+                raise RolloutError(
+                    rollout_index=rollout.index,
+                    phase="generate",
+                    turn=0,
+                    elapsed_s=progress.elapsed(),
+                    detail=f"the prompt has {len(input_ids)} tokens, over max_input_length "
+                    f"{config.max_input_length}",
+                )
+            record.stop_reason = "length"
+            break
+        progress.phase, progress.turn = "generate", turn
+        generation = await _generate(rollout, input_ids)
+        record.add_generated(generation)
+        record.stop_reason = generation.finish_reason
+        if generation.finish_reason == "abort":
+            break
+        progress.phase = "step"
+        observation, reward, terminated, truncated, info = checked_step(
+            await call(env.step, codec.decode(generation.token_ids))
+        )
+        record.info = info
+        record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
+        if config.step_wise:
+            record.steps.append(
+                Trajectory(
+                    prompt_ids=list(input_ids),
+                    response_ids=list(generation.token_ids),
+                    reward=_reward(float(reward), len(generation.token_ids), config.token_level_rewards),
+                    loss_mask=[1] * len(generation.token_ids),
+                    stop_reason=generation.finish_reason,
+                    rollout_logprobs=list(generation.logprobs or []) if config.logprobs else None,
+                    env_metrics=numeric_info(info),
+                    trajectory_id=rollout.trajectory_id,
+                )
+            )
+        if terminated or truncated or turn == config.max_turns - 1:
+            break
+        if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
+            record.add_env_tokens([codec.eos_token_id])
+        record.add_env_tokens(codec.observation(as_messages(observation)))
+    return _finish(record, rollout)
+
+
+async def _generate(rollout: RolloutContext, prompt_ids: list[int]) -> Generation:
+    """One engine call under its deadline; past it the request is cancelled, which aborts it in the engine."""
+    progress, timeout_s = rollout.progress, rollout.config.generation_timeout_s
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            return await rollout.engine.generate(prompt_ids, rollout.sampling)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise RolloutTimeoutError(
+            rollout_index=rollout.index,
+            phase="generate",
+            turn=progress.turn,
+            elapsed_s=progress.elapsed(),
+            timeout_s=timeout_s or 0.0,
+            what="generation",
+        ) from None
+    finally:
+        progress.llm_s += time.perf_counter() - start
+
+
+def _finish(record: _Transcript, rollout: RolloutContext) -> AnyTrajectory:
+    config, progress, trajectory_id = rollout.config, rollout.progress, rollout.trajectory_id
+    e2e_time = progress.elapsed()
+    splits = {"llm": progress.llm_s, "env": progress.env_s}
+    if config.step_wise:
+        for step in record.steps:
+            step.e2e_time = e2e_time
+            step.time_splits = splits
+        return StepWiseTrajectory(steps=record.steps, e2e_time=e2e_time, trajectory_id=trajectory_id)
+    reward: float | list[float] = sum(value for _, value in record.turn_rewards)
+    if config.token_level_rewards:
+        per_token = [0.0] * len(record.response_ids)
+        for index, value in record.turn_rewards:
+            per_token[index] += value
+        reward = per_token
+    return Trajectory(
+        prompt_ids=record.prompt_ids,
+        response_ids=record.response_ids,
+        reward=reward,
+        loss_mask=record.loss_mask,
+        stop_reason=record.stop_reason,
+        rollout_logprobs=record.logprobs if config.logprobs else None,
+        env_metrics=numeric_info(record.info),
+        e2e_time=e2e_time,
+        time_splits=splits,
+        trajectory_id=trajectory_id,
+    )
