@@ -21,20 +21,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from worker_envs import hang_for_one_task
+from doubles import EnvCounts, Fault, factory, hang_on, tasks
 
-from gym_resilience import BatchRunner, RunnerConfig, Task
+from gym_resilience import BatchRunner, RunnerConfig
 
-
-def batch(n: int, hanging: int | None) -> list[Task]:
-    return [
-        Task(
-            prompt=[{"role": "user", "content": f"task {i}"}],
-            instance_id=f"t{i}",
-            env_kwargs={"hang": i == hanging},
-        )
-        for i in range(n)
-    ]
+BATCHES: dict[str, tuple[Fault, ...]] = {"fault-free": (), "one env hangs": (hang_on({"t7"}),)}
+"""Each batch's faults: in one, the env of the eighth task hangs in its first step."""
 
 
 async def main() -> None:
@@ -53,15 +45,15 @@ async def main() -> None:
         isolate_envs=True,
         env_step_timeout_s=args.deadline,
     )
-    times: dict[str, list[float]] = {"fault-free": [], "one env hangs": []}
+    times: dict[str, list[float]] = {name: [] for name in BATCHES}
     placeholders: dict[str, Any] = {}
     async with VLLMEngine(build_tiny_model()) as engine:
-        runner = BatchRunner(engine, hang_for_one_task, config)
-        await runner.generate(batch(32, None))  # warm-up: compile, start the fork server
+        runners = {name: BatchRunner(engine, factory(EnvCounts(), *f), config) for name, f in BATCHES.items()}
+        await runners["fault-free"].generate(tasks(32))  # warm-up: compile, start the fork server
         for _ in range(args.rounds):
-            for name, hanging in (("fault-free", None), ("one env hangs", 7)):
+            for name, runner in runners.items():
                 start = time.perf_counter()
-                result = await runner.generate(batch(32, hanging))
+                result = await runner.generate(tasks(32))
                 times[name].append(time.perf_counter() - start)
                 placeholders[name] = sum(t.is_placeholder for t in result.trajectories)
     clean, hung = statistics.median(times["fault-free"]), statistics.median(times["one env hangs"])

@@ -1,11 +1,12 @@
 """skyrl-gym envs that fail on demand, registered with skyrl-gym on import.
 
 They live in an importable module (not in a test file) because an isolated env's worker imports its env
-class by name, from the parent's ``sys.path``. Each is a real skyrl-gym env (gsm8k_multi_turn) that fails
-where its ``extras`` say:
+class by name, from the parent's ``sys.path``. Each is a real skyrl-gym env (gsm8k_multi_turn); the flaky
+one misbehaves where the :class:`doubles.Fault` list in its ``extras`` says (``faults(...)`` writes it),
+and counts its closes:
 
-- ``fail_at_turn``: ``step`` raises ``ConnectionError`` on that 0-based turn;
-- ``fail_on_close``: ``close`` raises ``OSError``;
+- a ``"step"`` fault fires on the env's 0-based turn, a ``"close"`` fault when it closes; skyrl-gym envs do
+  not know their task's instance id, so these faults name no instances;
 - ``tag``: ``close`` appends it to ``CLOSED`` (in this process), so a test can count closes.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import skyrl_gym
+from doubles import Fault
 from skyrl_gym.envs.base_text_env import BaseTextEnvStepOutput
 from skyrl_gym.envs.gsm8k.multi_turn_env import GSM8kMultiTurnEnv
 
@@ -24,24 +26,30 @@ CLOSED: list[str] = []
 """The ``tag`` of every env of this process whose ``close`` ran, in order."""
 
 
+def faults(*faults: Fault) -> dict[str, Any]:
+    """The extras that make a flaky env misbehave where ``faults`` say."""
+    return {"faults": faults}
+
+
 class FlakyMultiTurnEnv(GSM8kMultiTurnEnv):
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         extras = extras or {}
         super().__init__(env_config, extras)
-        self.fail_at_turn = extras.get("fail_at_turn")
-        self.fail_on_close = bool(extras.get("fail_on_close"))
+        self.faults: tuple[Fault, ...] = tuple(extras.get("faults", ()))
         self.tag = extras.get("tag")
 
+    def _faults(self, phase: str) -> None:
+        for fault in self.faults:
+            fault.fire(phase, "", self.turns, 0)
+
     def step(self, action: str) -> BaseTextEnvStepOutput:
-        if self.turns == self.fail_at_turn:
-            raise ConnectionError(f"sandbox connection dropped at turn {self.turns}")
+        self._faults("step")
         return super().step(action)
 
     def close(self) -> None:
         if self.tag is not None:
             CLOSED.append(self.tag)
-        if self.fail_on_close:
-            raise OSError("sandbox teardown failed")
+        self._faults("close")
 
 
 class TupleStepEnv(GSM8kMultiTurnEnv):

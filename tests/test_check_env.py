@@ -1,5 +1,5 @@
-"""Gymnasium's env checker accepts ResilientEnv around real envs and text envs, and warns no more than it
-does about the same env without the wrapper."""
+"""Gymnasium's env checker accepts ResilientEnv around real envs and text envs, in process and isolated,
+and warns no more than it does about the same env without the wrapper."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # render checks open pygame windows otherwise
 
+import functools
 import warnings
 from collections.abc import Callable
 
@@ -74,6 +75,13 @@ def test_check_env_passes_on_a_wrapped_env_with_a_reset_retry_policy() -> None:
 
 def test_check_env_passes_on_a_wrapped_text_env_with_no_warning_at_all() -> None:
     assert checker_warnings(lambda: ResilientEnv(gymnasium.make(SCRIPTABLE_SPEC))) == []
+
+
+def test_check_env_passes_on_an_isolated_cartpole_with_the_warnings_of_the_in_process_one() -> None:
+    cartpole = functools.partial(gymnasium.make, "CartPole-v1")
+    assert checker_warnings(lambda: ResilientEnv.isolated(cartpole)) == (
+        checker_warnings(lambda: ResilientEnv(cartpole()))
+    )
 
 
 def test_check_env_passes_on_a_wrapped_bare_text_env() -> None:

@@ -15,7 +15,6 @@ import sys
 import textwrap
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,8 +24,7 @@ import gymnasium
 import numpy as np
 import psutil
 import pytest
-import worker_envs
-from gymnasium.utils.env_checker import check_env
+from doubles import Fault, SandboxError, env_fn, tasks, tool_exited_2
 
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
@@ -44,6 +42,11 @@ from gym_resilience.testing import ScriptableEnv
 
 TESTS = str(Path(__file__).resolve().parent)
 CARTPOLE = functools.partial(gymnasium.make, "CartPole-v1")
+TASK = tasks(1)[0]
+HANGING_STEP = env_fn(Fault(kind="hang"))
+HANGING_RESET = env_fn(Fault(kind="hang", phase="reset"))
+HANGING_CLOSE = env_fn(Fault(kind="hang", phase="close"))
+FAILING_STEP = env_fn(Fault(error=ValueError, message="bad move"))
 # Time for killing and reaping a worker past its deadline, on a loaded two-core CI machine.
 MARGIN_S = 1.5
 
@@ -71,7 +74,7 @@ def multiprocessing_helpers() -> set[int]:
 @pytest.fixture
 def processes_before() -> set[int]:
     """This process's descendants once the fork server and resource tracker run (they are meant to stay)."""
-    ResilientEnv.isolated(worker_envs.text_env).close()
+    ResilientEnv.isolated(env_fn()).close()
     return descendants()
 
 
@@ -118,21 +121,6 @@ def test_an_isolated_cartpole_resets_steps_and_closes_with_its_spaces_passed_thr
     assert not worker.is_running()
 
 
-def test_check_env_passes_on_an_isolated_cartpole_with_the_warnings_of_the_in_process_one() -> None:
-    def checker_warnings(env: gymnasium.Env[Any, Any]) -> list[str]:
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                check_env(env)
-        finally:
-            env.close()
-        # check_env warns about any wrapped env, naming the stack: that one is about wrapping.
-        return [str(w.message) for w in caught if "different from the unwrapped" not in str(w.message)]
-
-    in_process = checker_warnings(ResilientEnv(gymnasium.make("CartPole-v1")))
-    assert checker_warnings(ResilientEnv.isolated(CARTPOLE)) == in_process
-
-
 def test_a_text_env_renders_through_its_worker() -> None:
     env = ResilientEnv.isolated(functools.partial(ScriptableEnv, render_mode="ansi"))
     assert env.render_mode == "ansi"
@@ -146,7 +134,7 @@ def test_a_text_env_renders_through_its_worker() -> None:
 
 
 def test_a_step_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:
-    env = ResilientEnv.isolated(worker_envs.hanging_step_env, step_timeout=0.5)
+    env = ResilientEnv.isolated(HANGING_STEP, step_timeout=0.5)
     worker = worker_of(env)
     env.reset()
     error, elapsed = timed(lambda: env.step("sleep forever"))
@@ -179,19 +167,18 @@ def wait_until_ended(processes: list[psutil.Process], timeout_s: float) -> list[
 
 
 def test_the_subprocesses_of_a_killed_worker_are_killed_with_it() -> None:
-    env = ResilientEnv.isolated(
-        functools.partial(ScriptableEnv, step=worker_envs.spawn_then_hang), step_timeout=0.5
-    )
+    spawn_then_hang = env_fn(Fault(kind="spawn", turn=0), Fault(kind="hang", turn=1))
+    env = ResilientEnv.isolated(spawn_then_hang, step_timeout=0.5)
     env.reset()
-    tool = psutil.Process(env.step("start the tool")[0])
-    assert tool.ppid() == worker_of(env).pid
+    env.step("start the tool")
+    [tool] = worker_of(env).children()
     with pytest.raises(EnvTimeoutError):
         env.step("hang")
     assert wait_until_ended([tool], timeout_s=5) == []
 
 
 def test_a_reset_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:
-    env = ResilientEnv.isolated(worker_envs.hanging_reset_env, reset_timeout=0.5)
+    env = ResilientEnv.isolated(HANGING_RESET, reset_timeout=0.5)
     worker = worker_of(env)
     error, elapsed = timed(env.reset)
     assert isinstance(error, EnvTimeoutError)
@@ -207,7 +194,7 @@ def test_a_reset_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_clos
 def test_a_reset_past_its_deadline_is_not_retried_though_the_policy_retries_timeouts() -> None:
     slept: list[float] = []
     policy = RetryPolicy(attempts=3, retry_on=(TimeoutError, EnvClosedError), sleep=slept.append)
-    env = ResilientEnv.isolated(worker_envs.hanging_reset_env, reset_timeout=0.3, reset_retry=policy)
+    env = ResilientEnv.isolated(HANGING_RESET, reset_timeout=0.3, reset_retry=policy)
     error, elapsed = timed(env.reset)
     assert isinstance(error, EnvTimeoutError)  # itself a TimeoutError: the policy would have retried it
     assert elapsed < 0.3 + MARGIN_S
@@ -216,7 +203,9 @@ def test_a_reset_past_its_deadline_is_not_retried_though_the_policy_retries_time
 
 def test_a_factory_that_hangs_is_killed_at_the_start_deadline() -> None:
     before = descendants()
-    error, elapsed = timed(lambda: ResilientEnv.isolated(worker_envs.hang, start_timeout=0.5))
+    error, elapsed = timed(
+        lambda: ResilientEnv.isolated(env_fn(Fault(kind="hang", phase="build")), start_timeout=0.5)
+    )
     assert isinstance(error, EnvTimeoutError)
     assert str(error) == "env start exceeded its 0.5 s deadline"
     assert elapsed < 0.5 + MARGIN_S + 1.0  # the first start in a session also starts the fork server
@@ -224,7 +213,7 @@ def test_a_factory_that_hangs_is_killed_at_the_start_deadline() -> None:
 
 
 def test_close_kills_a_worker_whose_env_close_outlasts_close_timeout() -> None:
-    env = ResilientEnv.isolated(worker_envs.hanging_close_env, close_timeout=0.5)
+    env = ResilientEnv.isolated(HANGING_CLOSE, close_timeout=0.5)
     worker = worker_of(env)
     error, elapsed = timed(env.close)
     assert isinstance(error, EnvCloseError)
@@ -238,7 +227,7 @@ def test_close_kills_a_worker_whose_env_close_outlasts_close_timeout() -> None:
 def test_close_from_another_thread_during_a_hanging_step_kills_the_worker_and_the_step_sees_it_closed() -> (
     None
 ):
-    env = ResilientEnv.isolated(worker_envs.hanging_step_env, close_timeout=0.3)
+    env = ResilientEnv.isolated(HANGING_STEP, close_timeout=0.3)
     worker = worker_of(env)
     env.reset()
     with ThreadPoolExecutor(1) as pool:
@@ -253,7 +242,7 @@ def test_close_from_another_thread_during_a_hanging_step_kills_the_worker_and_th
 
 
 def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() -> None:
-    env = ResilientEnv.isolated(worker_envs.hanging_step_env)  # no deadline: only Ctrl-C ends it
+    env = ResilientEnv.isolated(HANGING_STEP)  # no deadline: only Ctrl-C ends it
     worker = worker_of(env)
     env.reset()
     main_thread = threading.main_thread().ident
@@ -278,7 +267,7 @@ def test_a_keyboard_interrupt_while_waiting_kills_the_worker_and_propagates() ->
 
 
 def test_a_worker_that_exits_mid_step_raises_env_worker_died_error_naming_the_exit_code() -> None:
-    env = ResilientEnv.isolated(worker_envs.exiting_step_env)
+    env = ResilientEnv.isolated(env_fn(Fault(kind="exit")))
     worker = worker_of(env)
     env.reset()
     with pytest.raises(EnvWorkerDiedError) as caught:
@@ -293,7 +282,7 @@ def test_a_worker_that_exits_mid_step_raises_env_worker_died_error_naming_the_ex
 
 
 def test_a_worker_killed_from_outside_between_calls_raises_env_worker_died_error() -> None:
-    env = ResilientEnv.isolated(worker_envs.text_env)
+    env = ResilientEnv.isolated(env_fn())
     worker = worker_of(env)
     env.reset()
     worker.kill()  # the OOM killer, say
@@ -308,9 +297,11 @@ def test_a_worker_killed_from_outside_between_calls_raises_env_worker_died_error
 def test_a_factory_that_raises_in_the_worker_raises_its_exception_and_leaves_no_worker() -> None:
     before = descendants() | multiprocessing_helpers()
     with pytest.raises(RuntimeError) as caught:
-        ResilientEnv.isolated(worker_envs.broken_factory)
+        ResilientEnv.isolated(
+            env_fn(Fault(phase="build", error=RuntimeError, message="no container runtime"))
+        )
     assert str(caught.value) == "no container runtime"
-    assert any("raise RuntimeError" in note for note in caught.value.__notes__)
+    assert any("in fire" in note for note in caught.value.__notes__)
     assert descendants() <= before | multiprocessing_helpers()
 
 
@@ -318,45 +309,45 @@ def test_a_factory_that_raises_in_the_worker_raises_its_exception_and_leaves_no_
 
 
 def test_an_exception_in_the_worker_step_arrives_as_env_step_error_with_the_original_as_cause() -> None:
-    env = ResilientEnv.isolated(worker_envs.failing_step_env)
+    env = ResilientEnv.isolated(FAILING_STEP)
     worker = worker_of(env)
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("e2e4")
-    assert str(caught.value) == "env step failed at turn 0 (action='e2e4'): ValueError: bad move 'e2e4'"
+    assert str(caught.value) == "env step failed at turn 0 (action='e2e4'): ValueError: bad move"
     cause = caught.value.__cause__
     assert type(cause) is ValueError
-    assert str(cause) == "bad move 'e2e4'"
+    assert str(cause) == "bad move"
     # The worker's traceback travels as a note: the parent's own traceback ends in the pipe.
     assert cause.__notes__[0].startswith(f"raised in the env's worker process (pid {worker.pid}):\nTraceback")
-    assert "in raise_value_error" in cause.__notes__[0]
+    assert "in fire" in cause.__notes__[0]
     assert env.closed
     assert not worker.is_running()
 
 
 def test_close_on_error_false_keeps_an_isolated_env_open_after_a_step_error() -> None:
-    env = ResilientEnv.isolated(worker_envs.failing_step_env, close_on_error=False)
+    env = ResilientEnv.isolated(FAILING_STEP, close_on_error=False)
     env.reset()
     with pytest.raises(EnvStepError):
         env.step("e2e4")
     assert not env.closed
-    assert env.reset() == ("Say something.", {})
+    assert env.reset() == (TASK.prompt, {})
     env.close()
 
 
 @pytest.mark.parametrize(
-    ("step", "type_name", "message", "reason"),
+    ("fault", "type_name", "message", "reason"),
     [
         pytest.param(
-            worker_envs.raise_unpicklable,
-            "worker_envs.SandboxError",
+            Fault(error=SandboxError, message="container 3f2a is gone"),
+            "doubles.SandboxError",
             "container 3f2a is gone",
             "TypeError: cannot pickle '_thread.lock' object",
             id="does-not-pickle",
         ),
         pytest.param(
-            worker_envs.raise_tool_error,
-            "worker_envs.ToolError",
+            Fault(error=tool_exited_2, message="pytest"),
+            "doubles.ToolError",
             "pytest exited with 2",
             "TypeError: ToolError.__init__() missing 1 required positional argument: 'code'",
             id="does-not-unpickle",
@@ -364,9 +355,9 @@ def test_close_on_error_false_keeps_an_isolated_env_open_after_a_step_error() ->
     ],
 )
 def test_an_exception_that_cannot_cross_arrives_as_unpicklable_env_error_with_its_type_and_message(
-    step: Any, type_name: str, message: str, reason: str
+    fault: Fault, type_name: str, message: str, reason: str
 ) -> None:
-    env = ResilientEnv.isolated(functools.partial(ScriptableEnv, step=step))
+    env = ResilientEnv.isolated(env_fn(fault))
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("run")
@@ -378,7 +369,7 @@ def test_an_exception_that_cannot_cross_arrives_as_unpicklable_env_error_with_it
 
 
 def test_a_step_result_that_cannot_be_pickled_is_a_step_error() -> None:
-    env = ResilientEnv.isolated(functools.partial(ScriptableEnv, step=worker_envs.return_unpicklable))
+    env = ResilientEnv.isolated(env_fn(Fault(kind="unpicklable")))
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("lock")
@@ -387,12 +378,13 @@ def test_a_step_result_that_cannot_be_pickled_is_a_step_error() -> None:
 
 
 def test_an_action_that_cannot_be_pickled_is_a_step_error_and_never_reaches_the_worker() -> None:
-    env = ResilientEnv.isolated(worker_envs.text_env, close_on_error=False)
+    env = ResilientEnv.isolated(env_fn(), close_on_error=False)
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step(threading.Lock())
     assert type(caught.value.__cause__) is TypeError
-    assert env.step("still there")[0] == "still there"  # the protocol is intact
+    # The protocol is intact, and the env's first step is still to come.
+    assert env.step("still there")[0] == [{"role": "user", "content": "turn 1 done"}]
     env.close()
 
 
@@ -400,7 +392,7 @@ def test_a_keyboard_interrupt_raised_by_the_env_in_the_worker_propagates_unchang
     None
 ):
     env = ResilientEnv.isolated(
-        functools.partial(ScriptableEnv, step=worker_envs.raise_keyboard_interrupt),
+        env_fn(Fault(error=KeyboardInterrupt)),
         close_on_error=False,  # interruptions close regardless, as in-process
     )
     worker = worker_of(env)
@@ -412,7 +404,7 @@ def test_a_keyboard_interrupt_raised_by_the_env_in_the_worker_propagates_unchang
 
 
 def test_a_failing_close_in_the_worker_raises_env_close_error_with_the_original_as_cause() -> None:
-    env = ResilientEnv.isolated(worker_envs.failing_close_env)
+    env = ResilientEnv.isolated(env_fn(Fault(phase="close", error=OSError, message="socket already gone")))
     worker = worker_of(env)
     with pytest.raises(EnvCloseError) as caught:
         env.close()
@@ -457,7 +449,7 @@ def test_isolation_rejects_a_timeout_that_is_not_a_number_of_seconds(
     kwargs: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(UnsupportedConfigError) as caught:
-        ResilientEnv.isolated(worker_envs.text_env, **kwargs)
+        ResilientEnv.isolated(env_fn(), **kwargs)
     assert str(caught.value) == message
 
 
@@ -477,16 +469,16 @@ def test_a_factory_without_isolation_is_rejected_with_a_type_error_that_says_wha
     with pytest.raises(
         TypeError, match=r"^expected a gymnasium.Env \(or, with ResilientEnv.isolated, a factory of one\)"
     ):
-        ResilientEnv(worker_envs.text_env)
+        ResilientEnv(env_fn())
 
 
 def test_the_isolate_flag_still_builds_an_isolated_env_and_warns_that_isolated_replaces_it() -> None:
     with pytest.warns(DeprecationWarning, match=r"use ResilientEnv\.isolated\(factory, \.\.\.\)") as caught:
-        env = ResilientEnv(worker_envs.text_env, isolate=True, step_timeout=5.0)  # the old form
+        env = ResilientEnv(env_fn(), isolate=True, step_timeout=5.0)  # the old form
     assert caught[0].filename == __file__  # the warning points at the caller
     try:
         assert isinstance(env.unwrapped, IsolatedEnv)
-        assert env.reset()[0] == "Say something."
+        assert env.reset()[0] == TASK.prompt
     finally:
         env.close()
     assert env.unwrapped.closed
@@ -499,40 +491,43 @@ def test_the_isolate_flag_still_builds_an_isolated_env_and_warns_that_isolated_r
 def test_sixteen_isolated_envs_in_threads_with_one_hanging_all_finish_and_leave_no_process(
     processes_before: set[int],
 ) -> None:
-    hanging = 7
+    hanging, batch = 7, tasks(16)
 
     def rollout(index: int) -> object:
-        factory = worker_envs.hanging_step_env if index == hanging else worker_envs.text_env
-        with ResilientEnv.isolated(factory, step_timeout=2.0) as env:
-            env.reset(seed=index)
+        faults = [Fault(kind="hang")] if index == hanging else []
+        with ResilientEnv.isolated(env_fn(*faults, turns=5, task=batch[index]), step_timeout=2.0) as env:
+            prompt, _ = env.reset(seed=index)
             for turn in range(5):
                 observation, *_ = env.step(f"rollout {index} turn {turn}")
-        return observation
+        return prompt, observation
 
     start = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
         futures = [pool.submit(rollout, index) for index in range(16)]
         outcomes = [future.exception() or future.result() for future in futures]
     assert isinstance(outcomes[hanging], EnvTimeoutError)
+    # Each env is its own task's, and took every step.
     assert outcomes[:hanging] + outcomes[hanging + 1 :] == [
-        f"rollout {index} turn 4" for index in range(16) if index != hanging
+        (batch[index].prompt, [{"role": "user", "content": "turn 5 done"}])
+        for index in range(16)
+        if index != hanging
     ]
     assert time.monotonic() - start < 30
     assert descendants() <= processes_before
 
 
 def test_garbage_collection_of_an_unclosed_isolated_env_closes_its_worker() -> None:
-    env = ResilientEnv.isolated(worker_envs.text_env)
+    env = ResilientEnv.isolated(env_fn())
     worker = worker_of(env)
     env.reset()
-    with pytest.warns(ResourceWarning, match=r"^unclosed ResilientEnv around <IsolatedEnv<ScriptableEnv"):
+    with pytest.warns(ResourceWarning, match=r"^unclosed ResilientEnv around <IsolatedEnv<CountingTextEnv"):
         del env
         gc.collect()
     assert not worker.is_running()
 
 
 def test_garbage_collection_of_an_unclosed_bare_isolated_env_closes_its_worker() -> None:
-    env = IsolatedEnv(worker_envs.text_env)
+    env = IsolatedEnv(env_fn())
     worker = psutil.Process(env.pid)
     with pytest.warns(
         ResourceWarning, match=rf"^unclosed IsolatedEnv \(worker pid {worker.pid}\) was closed"
@@ -553,14 +548,12 @@ def run_script(body: str, **popen: Any) -> subprocess.Popen[str]:
 def test_interpreter_exit_with_unclosed_isolated_envs_closes_them_and_leaves_no_worker() -> None:
     child = run_script(
         """
-        import functools
-        import worker_envs
+        from doubles import Fault, env_fn
         from gym_resilience.env import ResilientEnv
-        from gym_resilience.testing import ScriptableEnv
 
         envs = [
-            ResilientEnv.isolated(functools.partial(ScriptableEnv, close=worker_envs.print_on_close)),
-            ResilientEnv.isolated(worker_envs.hanging_close_env, close_timeout=0.5),
+            ResilientEnv.isolated(env_fn(Fault(kind="print", phase="close", message="inner close ran"))),
+            ResilientEnv.isolated(env_fn(Fault(kind="hang", phase="close")), close_timeout=0.5),
         ]
         for env in envs:
             env.reset()
@@ -579,10 +572,10 @@ def test_interpreter_exit_with_unclosed_isolated_envs_closes_them_and_leaves_no_
 def test_a_hung_worker_does_not_outlive_its_parent_killed_with_sigkill() -> None:
     child = run_script(
         """
-        import worker_envs
+        from doubles import Fault, env_fn
         from gym_resilience.env import ResilientEnv
 
-        env = ResilientEnv.isolated(worker_envs.hanging_step_env, close_timeout=0.5)
+        env = ResilientEnv.isolated(env_fn(Fault(kind="hang")), close_timeout=0.5)
         env.reset()
         print(env.env.pid, flush=True)
         env.step("sleep forever")

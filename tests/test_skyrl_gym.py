@@ -1,8 +1,8 @@
 """skyrl-gym envs under BatchRunner through ``gym_resilience.adapters.skyrl_gym``.
 
 Real skyrl-gym envs (gsm8k, gsm8k_multi_turn, text2sql on a SQLite database built here, and the
-failing gsm8k_multi_turn of skyrl_envs.py); the batch tests run real vLLM generation on the bundled
-tiny model, whose text is nonsense, so they check structure, not scores.
+gsm8k_multi_turn of skyrl_envs.py that fails where a test's faults say); the batch tests run real vLLM
+generation on the bundled tiny model, whose text is nonsense, so they check structure, not scores.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import skyrl_envs
-from skyrl_envs import FLAKY_ID, TUPLE_STEP_ID
+from doubles import Fault
+from skyrl_envs import FLAKY_ID, TUPLE_STEP_ID, faults
 
 from gym_resilience import (
     BatchRunner,
@@ -39,6 +40,12 @@ from gym_resilience.trajectories import GENERATOR_OUTPUT_KEYS
 
 GOLD_SQL = "SELECT name FROM singer ORDER BY age DESC LIMIT 1"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+TEARDOWN_FAILS = faults(Fault(phase="close", error=OSError, message="sandbox teardown failed"))
+
+
+def connection_drops(turn: int) -> dict[str, Any]:
+    """The extras of a flaky env whose sandbox connection drops in its step of ``turn``."""
+    return faults(Fault(turn=turn, error=ConnectionError, message="sandbox connection dropped"))
 
 
 def task(index: int, question: str = "What is 6 x 7?", **extras: Any) -> Task:
@@ -159,7 +166,7 @@ def test_a_step_that_returns_gymnasiums_tuple_fails_as_env_step_error_naming_the
 
 def test_a_failing_step_is_a_typed_error_with_the_envs_exception_as_cause_and_the_env_closes_once() -> None:
     skyrl_envs.CLOSED.clear()
-    env = ResilientEnv(skyrl_gym_factory(FLAKY_ID)(task(0, max_turns=3, fail_at_turn=1, tag="e0")))
+    env = ResilientEnv(skyrl_gym_factory(FLAKY_ID)(task(0, max_turns=3, tag="e0", **connection_drops(1))))
     env.reset()
     env.step("a")
     with pytest.raises(EnvStepError) as info:
@@ -167,7 +174,7 @@ def test_a_failing_step_is_a_typed_error_with_the_envs_exception_as_cause_and_th
     assert isinstance(info.value.__cause__, ConnectionError)
     assert str(info.value) == (
         "env step failed at turn 1 (action='b') [skyrl_gym/flaky_gsm8k_multi_turn]: "
-        "ConnectionError: sandbox connection dropped at turn 1"
+        "ConnectionError: sandbox connection dropped"
     )
     env.close()
     env.close()
@@ -177,7 +184,7 @@ def test_a_failing_step_is_a_typed_error_with_the_envs_exception_as_cause_and_th
 def test_the_factory_pickles_and_its_env_runs_isolated_in_a_worker_with_the_same_typed_errors() -> None:
     factory = skyrl_gym_factory(FLAKY_ID)
     assert pickle.loads(pickle.dumps(factory)) == factory
-    env = ResilientEnv.isolated(functools.partial(factory, task(0, max_turns=3, fail_at_turn=1)))
+    env = ResilientEnv.isolated(functools.partial(factory, task(0, max_turns=3, **connection_drops(1))))
     try:
         assert env.reset()[0] == task(0).prompt
         assert env.step("a")[1:] == (0, False, False, {"steps": 1})
@@ -193,7 +200,7 @@ async def test_an_isolated_env_whose_close_fails_after_a_complete_episode_keeps_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = RunnerConfig(skip_failed_rollouts=False, max_turns=2, max_tokens=8, isolate_envs=True)
-    tasks = [task(i, max_turns=2, **({"fail_on_close": True} if i == 1 else {})) for i in range(3)]
+    tasks = [task(i, max_turns=2, **(TEARDOWN_FAILS if i == 1 else {})) for i in range(3)]
     with caplog.at_level(logging.WARNING, logger="gym_resilience"):
         result = await BatchRunner(ScriptedEngine(), skyrl_gym_factory(FLAKY_ID), config).generate(tasks)
     assert [t.close_error for t in result.trajectories] == [None, "OSError: sandbox teardown failed", None]
@@ -230,7 +237,7 @@ async def test_a_gsm8k_batch_on_vllm_is_one_scored_turn_per_rollout_and_exports_
 async def test_gsm8k_multi_turn_with_failing_steps_keeps_the_batch_with_placeholders(
     vllm_engine: Any,
 ) -> None:
-    tasks = [task(i, max_turns=3, **({"fail_at_turn": 1} if i in (1, 3) else {})) for i in range(5)]
+    tasks = [task(i, max_turns=3, **(connection_drops(1) if i in (1, 3) else {})) for i in range(5)]
     result = await runner(vllm_engine, skyrl_gym_factory(FLAKY_ID), max_turns=3).generate(tasks)
     assert [t.is_placeholder for t in result.trajectories] == [False, True, False, True, False]
     for index in (1, 3):
@@ -274,7 +281,7 @@ async def test_a_text2sql_batch_on_vllm_runs_the_sql_tool_each_turn_and_scores_a
 
 @pytest.mark.slow
 async def test_isolated_skyrl_envs_with_failing_steps_are_contained_as_placeholders(vllm_engine: Any) -> None:
-    tasks = [task(i, max_turns=2, **({"fail_at_turn": 0} if i == 2 else {})) for i in range(4)]
+    tasks = [task(i, max_turns=2, **(connection_drops(0) if i == 2 else {})) for i in range(4)]
     result = await runner(vllm_engine, skyrl_gym_factory(FLAKY_ID), max_turns=2, isolate_envs=True).generate(
         tasks
     )
@@ -290,7 +297,7 @@ async def test_without_the_flag_a_failing_skyrl_env_aborts_the_batch_and_every_e
     vllm_engine: Any,
 ) -> None:
     skyrl_envs.CLOSED.clear()
-    tasks = [task(i, max_turns=2, tag=f"e{i}", **({"fail_at_turn": 0} if i == 1 else {})) for i in range(4)]
+    tasks = [task(i, max_turns=2, tag=f"e{i}", **(connection_drops(0) if i == 1 else {})) for i in range(4)]
     with pytest.raises(EnvStepError) as info:
         await runner(
             vllm_engine, skyrl_gym_factory(FLAKY_ID), max_turns=2, skip_failed_rollouts=False

@@ -9,16 +9,13 @@ checks that envs, threads, file descriptors and child processes are back where t
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Collection
 
 import pytest
-from doubles import SETTLE_S, CountingTextEnv, EnvCounts, factory, tasks
+from doubles import SETTLE_S, EnvCounts, Factory, env_fn, factory, hang_on, tasks
 from leaks import eventually, no_leaks, wait_until, worker_processes
-from slow_envs import build_unless_stuck
-from worker_envs import hang_for_one_task
 
 from gym_resilience import (
     BatchRunner,
@@ -35,10 +32,9 @@ from gym_resilience.isolation import IsolatedEnv, StartAbort
 
 pytestmark = pytest.mark.slow
 
-Factory = Callable[[Task], CountingTextEnv]
-
-GIVE_UP_S = 0.2
-"""close_timeout_s and rollout_timeout_s here: far shorter than the factories below take."""
+GIVE_UP_S = 1.0
+"""close_timeout_s and rollout_timeout_s here: far shorter than the gated factories below take (SETTLE_S),
+and long enough for the others to finish on a loaded machine."""
 
 
 def gated_factory(counts: EnvCounts, gate: threading.Event, slow: set[str] | None = None) -> Factory:
@@ -51,6 +47,11 @@ def gated_factory(counts: EnvCounts, gate: threading.Event, slow: set[str] | Non
     return factory(counts, delay=delay)
 
 
+def stuck(instance_ids: Collection[str], phase: str = "build") -> Factory:
+    """Envs that hang in ``phase`` for the tasks of ``instance_ids``: never built, or stuck in a step."""
+    return factory(EnvCounts(), hang_on(instance_ids, phase))
+
+
 def late_notes(error: BaseException) -> list[str]:
     return [note for note in getattr(error, "__notes__", []) if "still being built" in note]
 
@@ -58,18 +59,7 @@ def late_notes(error: BaseException) -> list[str]:
 @pytest.fixture(scope="module", autouse=True)
 def _fork_server_started() -> None:
     """The fork server is started once per program and stays: start it before any leak snapshot."""
-    ResilientEnv.isolated(functools.partial(build_unless_stuck, tasks(1)[0])).close()
-
-
-def stuck_tasks(n: int, stuck: set[int], how: str = "stuck_building") -> list[Task]:
-    return [
-        Task(
-            prompt=[{"role": "user", "content": f"task {i}"}],
-            instance_id=f"t{i}",
-            env_kwargs={how: i in stuck},
-        )
-        for i in range(n)
-    ]
+    ResilientEnv.isolated(env_fn()).close()
 
 
 async def test_cancelling_generate_while_envs_are_built_closes_each_env_when_it_arrives() -> None:
@@ -131,9 +121,9 @@ async def test_a_batch_that_finishes_its_creations_in_time_reports_no_late_envs(
 
 async def test_cancelling_generate_while_isolated_envs_are_built_kills_their_workers() -> None:
     config = RunnerConfig(isolate_envs=True, close_timeout_s=GIVE_UP_S)
-    runner = BatchRunner(ScriptedEngine(), build_unless_stuck, config)
+    runner = BatchRunner(ScriptedEngine(), stuck({"t0", "t1", "t2"}), config)
     with no_leaks():
-        batch = asyncio.create_task(runner.generate(stuck_tasks(3, stuck={0, 1, 2})))
+        batch = asyncio.create_task(runner.generate(tasks(3)))
         assert await eventually(lambda: len(worker_processes()) == 3)
         batch.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -143,10 +133,10 @@ async def test_cancelling_generate_while_isolated_envs_are_built_kills_their_wor
 
 async def test_an_isolated_factory_that_never_returns_is_killed_at_the_create_deadline() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, env_create_timeout_s=1.0)
-    runner = BatchRunner(ScriptedEngine(), build_unless_stuck, config)
+    runner = BatchRunner(ScriptedEngine(), stuck({"t1"}), config)
     with no_leaks():
         # A liveness guard, not a speed check: without the deadline this batch would never finish.
-        result = await asyncio.wait_for(runner.generate(stuck_tasks(3, stuck={1})), SETTLE_S)
+        result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
         assert [trajectory.is_placeholder for trajectory in result.trajectories] == [False, True, False]
         error = result.failures[0].exception
         assert isinstance(error, EnvTimeoutError)
@@ -156,9 +146,9 @@ async def test_an_isolated_factory_that_never_returns_is_killed_at_the_create_de
 
 async def test_an_isolated_factory_that_never_returns_is_killed_at_the_rollout_deadline() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, rollout_timeout_s=1.0)
-    runner = BatchRunner(ScriptedEngine(), build_unless_stuck, config)
+    runner = BatchRunner(ScriptedEngine(), stuck({"t0"}), config)
     with no_leaks():
-        result = await asyncio.wait_for(runner.generate(stuck_tasks(3, stuck={0})), SETTLE_S)
+        result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
         assert isinstance(result.failures[0].exception, RolloutTimeoutError)
         assert result.metrics["envs_closed_late"] == 0.0
         assert worker_processes() == set()
@@ -168,9 +158,9 @@ async def test_an_isolated_step_stuck_without_a_step_deadline_is_killed_when_its
     config = RunnerConfig(
         skip_failed_rollouts=True, isolate_envs=True, rollout_timeout_s=1.0, close_timeout_s=GIVE_UP_S
     )
-    runner = BatchRunner(ScriptedEngine(), hang_for_one_task, config)
+    runner = BatchRunner(ScriptedEngine(), stuck({"t2"}, phase="step"), config)
     with no_leaks():
-        result = await asyncio.wait_for(runner.generate(stuck_tasks(3, stuck={2}, how="hang")), SETTLE_S)
+        result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
         failure = result.failures[0]
         assert isinstance(failure.exception, RolloutTimeoutError) and failure.phase == "step"
     assert worker_processes() == set()
@@ -188,12 +178,12 @@ def test_an_infinite_close_timeout_is_rejected_at_construction() -> None:
 
 def test_aborting_an_isolated_start_from_another_thread_kills_the_worker_and_raises_env_closed() -> None:
     abort = StartAbort()
-    stuck = functools.partial(build_unless_stuck, stuck_tasks(1, stuck={0})[0])
+    never_built = env_fn(hang_on(None, "build"))
     with no_leaks():
         killer = threading.Thread(target=lambda: (wait_until(worker_processes), abort.abort()))
         killer.start()
         with pytest.raises(EnvClosedError, match=r"^cannot start: the env is closed$"):
-            IsolatedEnv(stuck, abort=abort)
+            IsolatedEnv(never_built, abort=abort)
         killer.join(SETTLE_S)
         assert worker_processes() == set()
 
@@ -202,4 +192,4 @@ def test_an_isolated_start_aborted_before_it_began_leaves_no_worker() -> None:
     abort = StartAbort()
     abort.abort()
     with no_leaks(), pytest.raises(EnvClosedError):
-        IsolatedEnv(functools.partial(build_unless_stuck, stuck_tasks(1, stuck=set())[0]), abort=abort)
+        IsolatedEnv(env_fn(), abort=abort)
