@@ -461,10 +461,15 @@ def _run(args: argparse.Namespace) -> int:
     outputs = _plan_outputs(args)
 
     from gym_resilience.models import build_tiny_model
-    from harness.replay import run_scenarios
+    from harness.replay import enter_cluster_namespace, run_scenarios
     from harness.reports import ProgressView
     from harness.results import RunJournal
 
+    if any(scenario.spec.cluster is not None for scenario in selected):
+        # Before any engine, server or thread starts: they must all live in the namespace (see replay).
+        refused = enter_cluster_namespace()
+        if refused is not None:
+            _say(refused)
     count = f"{len(selected)} scenario{'s' if len(selected) != 1 else ''}"
     _say(f"{count} to run; reports will go to {outputs.folder or outputs.journal.parent}")
     if any(scenario.model_dir is None for scenario in selected):

@@ -76,9 +76,11 @@ class CompiledScenario:
             serving = f"OpenAI endpoints {', '.join(engine.endpoints or [])}"
         model = str(self.model_dir) if self.model_dir is not None else "the bundled tiny model"
         runs = f"pipeline {self.spec.pipeline}" if self.spec.pipeline else "BatchRunner"
+        cluster = self.spec.cluster
+        on = f" on a {cluster.nodes}-node Ray cluster" if cluster is not None else ""
         return (
             f"{serving} serving {model}; env {self.spec.batch.env}, {_count(len(self.tasks), 'task')}; "
-            f"{runs}; {_count(len(self.faults), 'fault')}, {_count(len(self.spec.probes), 'probe')}"
+            f"{runs}{on}; {_count(len(self.faults), 'fault')}, {_count(len(self.spec.probes), 'probe')}"
         )
 
 
@@ -132,6 +134,8 @@ def compile_parts(
         engine=spec.engine if "engine" in valid else None,
         tasks=len(tasks) if tasks is not None else None,
         pipeline=spec.pipeline is not None if "pipeline" in valid else None,
+        cluster=spec.cluster if "cluster" in valid else None,
+        cluster_valid="cluster" in valid,
     )
     problems.extend(rule_problems(known))
     if problems or not parts.complete or config is None or tasks is None:

@@ -22,6 +22,12 @@ A filter on rollouts, turns or attempts never matches a call where that coordina
 Both logs are JSON lines appended with ``O_APPEND``, one ``write`` per record, so every thread and
 process may append to them at once; one open/write/close per record costs microseconds, against the
 milliseconds of an env or engine call.
+
+Ray faults (``target: ray``): a ``kill_actor`` is injected by :class:`FaultyEnv`, which runs inside the
+env's Ray actor and SIGKILLs its own worker process mid-step, so the driver sees the actor die during the
+call; a ``kill_node`` by :class:`NodeKiller`, a thread of the harness process that watches the span log
+and removes a worker node of the scenario's cluster. Inside an actor every ``reset`` span also logs the
+actor's node, which is where :func:`attempt_nodes` finds on which node each attempt ran.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import os
 import random
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, SupportsFloat, TypeVar
+from typing import Any, Final, Literal, Protocol, SupportsFloat, TypeVar
 
 import gymnasium
 
@@ -47,8 +56,17 @@ from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.rollout_header import RolloutIdentity
 from gym_resilience.tasks import Task
 from harness.jsonlines import append_json_line, read_json_lines
+from harness.probes import attempt_nodes
 from harness.results import FaultFiring, RolloutSpan, TurnSpan
-from harness.spec import ConnectionTargeting, EngineFault, EnvFault, Fault, NetworkFault, Targeting
+from harness.spec import (
+    ConnectionTargeting,
+    EngineFault,
+    EnvFault,
+    Fault,
+    NetworkFault,
+    RayFault,
+    Targeting,
+)
 
 __all__ = [
     "BAD_RESET_OBSERVATION",
@@ -59,12 +77,14 @@ __all__ = [
     "FaultyEngine",
     "FaultyEnv",
     "FaultyEnvFactory",
+    "NodeKiller",
     "Span",
     "SpanKind",
     "SpanLog",
     "build_rollout_spans",
     "connection_fires",
     "draw",
+    "ray_placement",
     "read_firings",
 ]
 
@@ -228,6 +248,10 @@ class FaultPlan:
         """The engine faults, with their indices."""
         return [(i, f) for i, f in enumerate(self.faults) if isinstance(f, EngineFault)]
 
+    def ray_faults(self, kind: str) -> list[tuple[int, RayFault]]:
+        """The ray faults of ``kind`` (``kill_actor`` or ``kill_node``), with their indices."""
+        return [(i, f) for i, f in enumerate(self.faults) if isinstance(f, RayFault) and f.kind == kind]
+
     def network_faults(self, link: str) -> list[tuple[int, NetworkFault]]:
         """The network faults on ``link`` (``engine`` or ``tool``), with their indices, for a FaultProxy."""
         return [(i, f) for i, f in enumerate(self.faults) if isinstance(f, NetworkFault) and f.link == link]
@@ -241,7 +265,7 @@ class FaultPlan:
         turn: int | None,
         call: int | None = None,
     ) -> bool:
-        """Whether env or engine fault ``fault_index`` hits a call at (rollout, attempt, turn).
+        """Whether env, engine or kill_actor fault ``fault_index`` hits a call at (rollout, attempt, turn).
 
         Every given filter of the fault's ``Targeting`` must match. ``probability`` draws from
         (seed, fault index, rollout, attempt, turn, ``call``), where ``call`` distinguishes calls whose
@@ -251,6 +275,8 @@ class FaultPlan:
         fault = self.faults[fault_index]
         if isinstance(fault, NetworkFault):
             raise TypeError(f"fault {fault_index} is a network fault: decide with connection_fires")
+        if isinstance(fault, RayFault) and fault.kind == "kill_node":
+            raise TypeError(f"fault {fault_index} is a kill_node fault: NodeKiller decides it")
         when: Targeting = fault.when
         if when.rollouts is not None and rollout not in when.rollouts:
             return False
@@ -272,7 +298,7 @@ class FaultPlan:
     def exception(self, fault_index: int) -> BaseException:
         """A fresh instance of the exception a ``raise`` fault raises, marked as injected in a note."""
         fault = self.faults[fault_index]
-        if isinstance(fault, NetworkFault) or fault.kind != "raise":
+        if not isinstance(fault, EnvFault | EngineFault) or fault.kind != "raise":
             raise TypeError(f"fault {fault_index} is not a raise fault")
         error = self._exceptions[fault_index](fault.message)
         error.add_note(f"injected by chaos fault {fault_index}")
@@ -319,6 +345,8 @@ class Span:
     start_s: float
     end_s: float | None
     failed: bool
+    node: str | None = None
+    """The Ray node the call ran on (logged by ``reset`` in a Ray actor); None elsewhere."""
 
 
 class SpanLog:
@@ -343,6 +371,7 @@ class SpanLog:
         started: float,
         ended: float | None,
         failed: bool,
+        node: str | None = None,
     ) -> None:
         """Log one call; ``started`` and ``ended`` are ``time.time()`` values."""
         span = Span(
@@ -353,12 +382,19 @@ class SpanLog:
             start_s=started - self.start,
             end_s=None if ended is None else ended - self.start,
             failed=failed,
+            node=node,
         )
         append_json_line(self.path, dataclasses.asdict(span))
 
     @contextmanager
     def span(
-        self, kind: SpanKind, *, rollout: int | None, attempt: int | None, turn: int | None
+        self,
+        kind: SpanKind,
+        *,
+        rollout: int | None,
+        attempt: int | None,
+        turn: int | None,
+        node: str | None = None,
     ) -> Iterator[None]:
         """Log the enclosed call, failed if anything (``KeyboardInterrupt`` included) escapes it."""
         started = time.time()
@@ -369,7 +405,7 @@ class SpanLog:
         finally:
             ended = time.time()
             where = {"rollout": rollout, "attempt": attempt, "turn": turn}
-            self.record(kind, **where, started=started, ended=ended, failed=failed)
+            self.record(kind, **where, started=started, ended=ended, failed=failed, node=node)
 
     def read(self) -> list[Span]:
         """Every span logged so far, by any process, in order of start."""
@@ -423,6 +459,22 @@ def build_rollout_spans(
 # --- The env wrapper. -----------------------------------------------------------------------------------
 
 
+def ray_placement() -> tuple[str, str] | None:
+    """(actor id, node id) of the Ray actor the calling code runs in; None outside one.
+
+    Ray is only asked when something imported it already: a process that never used Ray is in no actor.
+    """
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    actor: str | None = context.get_actor_id()
+    return None if actor is None else (actor, context.get_node_id())
+
+
 class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
     """Injects a plan's env faults into ``reset``, ``step`` and ``close``, and logs a span per call.
 
@@ -432,8 +484,9 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
     then replaced: ``reset`` returns :data:`BAD_RESET_OBSERVATION`; ``step`` returns
     :data:`BAD_STEP_OBSERVATION` and :data:`BAD_REWARD`). Delays apply first; then the first other
     fault that fired, in scenario order, applies alone. On ``close`` the inner env is closed whatever
-    the fault (but a hang), so an injected close failure leaks nothing. Where each call is (rollout,
-    attempt, turn): see the module docstring.
+    the fault (but a hang), so an injected close failure leaks nothing. A ``kill_actor`` ray fault that
+    fires on a ``step`` applies before all of them: the env's Ray actor SIGKILLs its own worker process.
+    Where each call is (rollout, attempt, turn): see the module docstring.
 
     Args:
         env: The env to inject into.
@@ -479,6 +532,7 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
             method: plan.env_faults(method) if plan is not None else []
             for method in ("reset", "step", "close")
         }
+        self._kills = plan.ray_faults("kill_actor") if plan is not None else []
 
     def _identity(self) -> tuple[int | None, int | None]:
         progress = current_rollout()
@@ -497,7 +551,9 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
             self._from_options = (index, attempt)
         self._steps = 0
         rollout, attempt_now = self._identity()
-        with self._span("reset", rollout, attempt_now, None):
+        placement = ray_placement()
+        node = placement[1] if placement is not None else None
+        with self._span("reset", rollout, attempt_now, None, node):
             return self._call(
                 "reset", rollout, attempt_now, None, lambda: self.env.reset(seed=seed, options=options)
             )
@@ -507,6 +563,7 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         turn, self._steps = self._steps, self._steps + 1
         rollout, attempt = self._identity()
         with self._span("step", rollout, attempt, turn):
+            self._kill_actor(rollout, attempt, turn)
             return self._call("step", rollout, attempt, turn, lambda: self.env.step(action))
 
     def close(self) -> None:
@@ -521,13 +578,46 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
 
     @contextmanager
     def _span(
-        self, kind: SpanKind, rollout: int | None, attempt: int | None, turn: int | None
+        self,
+        kind: SpanKind,
+        rollout: int | None,
+        attempt: int | None,
+        turn: int | None,
+        node: str | None = None,
     ) -> Iterator[None]:
         if self.spans is None:
             yield
         else:
-            with self.spans.span(kind, rollout=rollout, attempt=attempt, turn=turn):
+            with self.spans.span(kind, rollout=rollout, attempt=attempt, turn=turn, node=node):
                 yield
+
+    def _kill_actor(self, rollout: int | None, attempt: int | None, turn: int | None) -> None:
+        """SIGKILL this env's Ray actor, mid-step, if a ``kill_actor`` fault fires on this step."""
+        plan = self.plan
+        if plan is None:
+            return
+        where = {"rollout": rollout, "attempt": attempt, "turn": turn}
+        fired = next((i for i, _ in self._kills if plan.fires(i, **where)), None)
+        if fired is None:
+            return
+        placement = ray_placement()
+        if placement is None:
+            raise UnsupportedConfigError(
+                "a kill_actor fault needs the env in a Ray actor (runner.env_backend: ray); this env runs "
+                "outside one",
+                option=f"faults[{fired}].kind",
+            )
+        actor, node = placement
+        plan.record(fired, **where, detail=f"step killed env actor {actor[:12]} on node {node[:12]}")
+        if self.spans is not None:
+            # The kill ends this process before the step's span is logged: log it now, with no end.
+            now = time.time()
+            self.spans.record(
+                "step", rollout=rollout, attempt=attempt, turn=turn, started=now, ended=None, failed=True
+            )
+        # SIGKILL, not ray.kill: the process is gone before this step can return, whatever Ray does next.
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(HANG_S)  # never reached: SIGKILL is not caught; the step must not return meanwhile
 
     def _call(
         self,
@@ -562,7 +652,9 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
             plan.record(index, **where, detail=f"{method} hung")
             if self.spans is not None:
                 now = time.time()
-                self.spans.record(method, **where, started=now, ended=None, failed=True)
+                self.spans.record(
+                    method, rollout=rollout, attempt=attempt, turn=turn, started=now, ended=None, failed=True
+                )
             self._sleep(HANG_S)
             return real()
         # bad_output: the env did its work, and its answer is garbage.
@@ -603,6 +695,104 @@ class FaultyEnvFactory:
             rollout=self.index_of.get(task.instance_id),
             sleep=self.sleep,
         )
+
+
+# --- The node killer. ----------------------------------------------------------------------------------
+
+
+class Cluster(Protocol):
+    """What :class:`NodeKiller` needs of a local Ray cluster (``harness.cluster.LocalCluster``)."""
+
+    def worker_node_ids(self) -> list[str]: ...
+
+    def remove_node(self, node_id: str) -> None: ...
+
+
+class NodeKiller:
+    """Injects a plan's ``kill_node`` faults: a thread that watches the span log and, once a fault's
+    ``after_steps`` env steps have ended, removes one worker node of ``cluster``.
+
+    The node is the fault's ``node`` (an index into ``cluster.worker_node_ids()`` as it was when the
+    killer started), else the node hosting the most env actors: attempts whose ``reset`` logged that node
+    and whose ``close`` has not been logged (ties: the lowest index). Each fault fires at most once.
+    Use it as a context manager around the batch; leaving it stops the thread (a removal under way
+    finishes first).
+
+    Args:
+        plan: The faults; only its ``kill_node`` faults are used.
+        spans: The span log that the faulted run's envs write.
+        cluster: The cluster whose worker nodes are removed.
+        poll_s: How often the span log is read.
+    """
+
+    def __init__(self, plan: FaultPlan, spans: SpanLog, cluster: Cluster, *, poll_s: float = 0.05) -> None:
+        self.plan = plan
+        self.spans = spans
+        self.cluster = cluster
+        self.poll_s = poll_s
+        self._pending = plan.ray_faults("kill_node")
+        self._workers: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="gym-resilience-node-killer", daemon=True)
+        self.error: BaseException | None = None
+        """What stopped the watcher early (a removal that failed), re-raised when the block is left."""
+
+    def __enter__(self) -> NodeKiller:
+        if self._pending:
+            self._workers = self.cluster.worker_node_ids()
+            self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.error is not None and exc is None:
+            raise self.error
+
+    def _watch(self) -> None:
+        try:
+            while self._pending and not self._stop.wait(self.poll_s):
+                spans = self.spans.read()
+                steps = sum(1 for span in spans if span.kind == "step" and span.end_s is not None)
+                due = [(i, f) for i, f in self._pending if steps >= f.after_steps]
+                for index, fault in due:
+                    self._kill(index, fault, spans, steps)
+                    self._pending.remove((index, fault))
+        except BaseException as exc:  # the batch goes on; the run reports this when the block is left
+            self.error = exc
+
+    def _kill(self, index: int, fault: RayFault, spans: Sequence[Span], steps: int) -> None:
+        hosted = _actors_per_node(spans)
+        if fault.node is not None:
+            position = fault.node
+        else:
+            # The node hosting the most env actors; ties go to the lowest index.
+            position = max(range(len(self._workers)), key=lambda i: (hosted.get(self._workers[i], 0), -i))
+        node = self._workers[position]
+        self.cluster.remove_node(node)
+        self.plan.record(
+            index,
+            rollout=None,
+            attempt=None,
+            turn=None,
+            detail=(
+                f"removed worker node {position} ({node[:12]}), hosting {hosted.get(node, 0)} env actors, "
+                f"after {steps} env steps"
+            ),
+        )
+
+
+def _actors_per_node(spans: Sequence[Span]) -> dict[str, int]:
+    """How many attempts' envs each node hosts: reset there, and not closed yet."""
+    closed = {(s.rollout, s.attempt) for s in spans if s.kind == "close"}
+    counts: dict[str, int] = {}
+    for (rollout, attempt), node in attempt_nodes(spans).items():
+        if (rollout, attempt) not in closed:
+            counts[node] = counts.get(node, 0) + 1
+    return counts
 
 
 # --- The engine wrapper. --------------------------------------------------------------------------------

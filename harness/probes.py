@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -30,6 +30,7 @@ __all__ = [
     "ProbeDefinition",
     "RunOutcome",
     "Runs",
+    "attempt_nodes",
     "is_probe",
     "observe",
 ]
@@ -55,6 +56,10 @@ class RunOutcome:
     end_s: float | None = None
     endpoints: list[EndpointSpan] = field(default_factory=list)
     """Served endpoints' stretches out of rotation and failovers (none for an in-process engine)."""
+    actors_alive: int | None = None
+    """Ray actors of the scenario's cluster still alive after the run; None without a cluster."""
+    head_node: str | None = None
+    """The id of the scenario's cluster's head node; None without a cluster."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,20 @@ class ProbeDefinition:
 def _placeholders(runs: Runs) -> int | None:
     output = runs.faulted.output
     return None if output is None else sum(1 for flag in output.is_placeholder if flag)
+
+
+def _placeholder_rollouts(runs: Runs) -> str | None:
+    output = runs.faulted.output
+    if output is None:
+        return None
+    rollouts, rollout = [], 0
+    for row, placeholder in enumerate(output.is_placeholder):
+        if placeholder and rollout not in rollouts:
+            rollouts.append(rollout)
+        # A step-wise rollout's rows end at its last step.
+        if output.is_last_step is None or output.is_last_step[row]:
+            rollout += 1
+    return ", ".join(str(index) for index in rollouts)
 
 
 def _validator_passes(runs: Runs) -> bool:
@@ -115,6 +134,44 @@ def _masked_groups(runs: Runs) -> int | None:
     return len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
 
 
+def attempt_nodes(spans: Sequence[Any]) -> dict[tuple[int, int], str]:
+    """The Ray node each (rollout, attempt) ran on, from the node its ``reset`` span logged
+    (``harness.faults.Span``); an attempt whose env never finished a reset in a Ray actor is left out."""
+    return {
+        (span.rollout, span.attempt): span.node
+        for span in spans
+        if span.kind == "reset"
+        and span.node is not None
+        and span.rollout is not None
+        and span.attempt is not None
+    }
+
+
+def _actors_left_alive(runs: Runs) -> int | None:
+    counts = [run.actors_alive for run in (runs.baseline, runs.faulted) if run.actors_alive is not None]
+    return sum(counts) if counts else None
+
+
+def _retries_moved_node(runs: Runs) -> int:
+    nodes = attempt_nodes(runs.faulted.spans)
+    return sum(
+        1
+        for (rollout, attempt), node in nodes.items()
+        if attempt > 0 and nodes.get((rollout, attempt - 1), node) != node
+    )
+
+
+def _nodes_used(runs: Runs) -> int:
+    return len(set(attempt_nodes(runs.faulted.spans).values()))
+
+
+def _envs_on_head_node(runs: Runs) -> int | None:
+    head = runs.faulted.head_node
+    if head is None:
+        return None
+    return sum(1 for node in attempt_nodes(runs.faulted.spans).values() if node == head)
+
+
 def _ratio(numerator: float, denominator: float | None) -> float | None:
     return numerator / denominator if denominator else None
 
@@ -133,6 +190,12 @@ REGISTRY: Final[tuple[ProbeDefinition, ...]] = (
         "placeholders",
         "placeholder rows in the faulted batch (its `is_placeholder` column, whoever built it)",
         _placeholders,
+    ),
+    ProbeDefinition(
+        "placeholder_rollouts",
+        "the rollouts placeholders stand in for, by position in the faulted batch, as text: `1, 4` "
+        "(`''`: none)",
+        _placeholder_rollouts,
     ),
     ProbeDefinition(
         "envs_unclosed",
@@ -177,6 +240,26 @@ REGISTRY: Final[tuple[ProbeDefinition, ...]] = (
         "retries_succeeded",
         "retried rollouts that then succeeded",
         lambda runs: runs.faulted.metrics.get("retries/succeeded", 0.0),
+    ),
+    ProbeDefinition(
+        "retries_moved_node",
+        "retries whose env ran on another Ray node than the attempt before it (`runner.env_backend: ray`)",
+        _retries_moved_node,
+    ),
+    ProbeDefinition(
+        "nodes_used",
+        "Ray nodes the faulted run's envs ran on (`runner.env_backend: ray`)",
+        _nodes_used,
+    ),
+    ProbeDefinition(
+        "envs_on_head_node",
+        "attempts of the faulted run whose env ran on the cluster's head node, where the driver runs",
+        _envs_on_head_node,
+    ),
+    ProbeDefinition(
+        "actors_left_alive",
+        "Ray actors still alive after each run, over both runs (with a `cluster`; must be 0)",
+        _actors_left_alive,
     ),
     ProbeDefinition(
         "failovers",

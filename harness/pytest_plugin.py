@@ -6,7 +6,9 @@ true`` (or a run given ``-o gym_resilience_scenarios=true``), and there only YAM
 named ``scenarios``. Every other project's test run stays as it was.
 
 Items of a session share one event loop and one ``Bench`` (the vLLM engines), closed when the session
-ends. ``--chaos-device cuda`` runs vLLM on a GPU.
+ends. ``--chaos-device cuda`` runs vLLM on a GPU. When a collected scenario declares a Ray ``cluster``,
+the session enters a loopback-only network namespace once collection is done, before any test runs
+(see ``harness.replay``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ OPT_IN = "gym_resilience_scenarios"
 """The ini option (a bool, default false) that turns scenario collection on in a project."""
 
 _BENCH = pytest.StashKey[tuple[asyncio.Runner, Any]]()
+_NO_NAMESPACE = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,6 +46,28 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     if opted_in and file_path.suffix in (".yaml", ".yml") and "scenarios" in file_path.parent.parts:
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(isinstance(item, ScenarioItem) and _declares_cluster(item.path) for item in session.items):
+        from harness.replay import enter_cluster_namespace
+
+        refused = enter_cluster_namespace()
+        if refused is not None:
+            session.config.stash[_NO_NAMESPACE] = refused
+
+
+def _declares_cluster(path: Path) -> bool:
+    """Whether the scenario file at ``path`` declares a ``cluster`` (a file that cannot be read declares
+    none: its item reports why)."""
+    from gym_resilience import ScenarioError
+    from harness.source import parse_yaml, read_scenario_text
+
+    try:
+        data = parse_yaml(read_scenario_text(path), str(path)).data
+    except ScenarioError:
+        return False
+    return isinstance(data, dict) and data.get("cluster") is not None
 
 
 def _bench(config: pytest.Config) -> tuple[asyncio.Runner, Any]:
@@ -86,6 +111,8 @@ class ScenarioItem(pytest.Item):
             lines = [f"{result.status}: {result.title}"]
             if result.message:
                 lines.append(result.message)
+            if checked.scenario.spec.cluster is not None and _NO_NAMESPACE in self.config.stash:
+                lines.append(self.config.stash[_NO_NAMESPACE])
             lines += [
                 f"probe {p.probe}: observed {p.observed!r}, expected {p.expected}"
                 for p in result.deviations()

@@ -9,18 +9,25 @@ configuration, the exception classes, the user's env factory, tasks and pipeline
 Faults reach the user's parts as they reach the bundled ones: the env factory (bundled or the user's)
 is wrapped in the fault injector and the env ledger, the engine in the engine fault injector, and a
 user pipeline is handed both.
+
+A scenario that declares a ``cluster`` runs both its runs on a local multi-node Ray cluster started for
+it alone (``harness.cluster``), which needs this process in a loopback-only network namespace: the CLI
+and the pytest plugin enter one at startup (:func:`enter_cluster_namespace`), before any thread or server
+starts, so everything else the harness runs on 127.0.0.1 lives in it too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from gym_resilience import (
     AnyTrajectory,
@@ -44,6 +51,7 @@ from harness.faults import (
     FaultPlan,
     FaultyEngine,
     FaultyEnvFactory,
+    NodeKiller,
     SpanLog,
     build_rollout_spans,
     read_firings,
@@ -54,10 +62,30 @@ from harness.proxy import FaultProxy
 from harness.results import FaultFiring, ProbeResult, RolloutSpan, ScenarioResult
 from harness.spec import EnvFault, NetworkFault
 
-__all__ = ["Bench", "RunOutcome", "judge", "rollout_records", "run_batch", "run_scenario", "run_scenarios"]
+if TYPE_CHECKING:
+    from harness.cluster import LocalCluster
+
+__all__ = [
+    "Bench",
+    "ClusterUnavailableError",
+    "RunOutcome",
+    "enter_cluster_namespace",
+    "judge",
+    "rollout_records",
+    "run_batch",
+    "run_scenario",
+    "run_scenarios",
+]
+
+SETTLE_S: Final = 10.0
+"""How long, at most, the counts of actors and envs left after a run on a cluster wait for killed actors
+to die (Ray kills asynchronously, and a killed actor's process exits after it is marked dead); a leaked
+actor or env is still there past it."""
 
 # Firings that make the call they hit fail (a delay, a latency or an abort only slow or shorten it).
-_FAILING_KINDS = frozenset({"raise", "interrupt", "bad_output", "hang", "reset_peer", "timeout"})
+_FAILING_KINDS = frozenset(
+    {"raise", "interrupt", "bad_output", "hang", "reset_peer", "timeout", "kill_actor"}
+)
 
 
 @dataclass
@@ -72,7 +100,7 @@ class _Served:
             if not server.is_running:
                 server.start()
         for server in self.servers:
-            await server.wait_healthy()
+            await asyncio.to_thread(server.wait_healthy)
 
 
 @dataclass
@@ -101,19 +129,20 @@ class Bench:
     async def local(self, model_dir: Path, max_model_len: int) -> Engine:
         key = (model_dir, max_model_len)
         if key not in self._local:
-            from gym_resilience.engines.vllm import VLLMEngine
+            from gym_resilience.engines import make_vllm_engine
 
-            engine = VLLMEngine(model_dir, device=self.device, max_model_len=max_model_len)
+            # In-process on CPU: it starts in a third of the time of vLLM's async engine (README).
+            engine = make_vllm_engine(model_dir, device=self.device, max_model_len=max_model_len)
             self._local[key] = await self._stack.enter_async_context(engine)
         return self._local[key]
 
     async def served(self, servers: int, model_dir: Path, max_model_len: int) -> _Served:
         key = (servers, model_dir, max_model_len)
         if key not in self._served:
-            from gym_resilience.engines.servers import aservers
+            from gym_resilience.testing_servers import servers as start_servers
 
             pool = await self._stack.enter_async_context(
-                aservers(servers, model_dir, device=self.device, max_model_len=max_model_len)
+                start_servers(servers, model_dir, device=self.device, max_model_len=max_model_len)
             )
             self._served[key] = _Served(list(pool))
         served = self._served[key]
@@ -122,6 +151,78 @@ class Bench:
 
     async def aclose(self) -> None:
         await self._stack.aclose()
+
+
+class ClusterUnavailableError(RuntimeError):
+    """Raised when a scenario declares a cluster and this process is not in a loopback-only network
+    namespace, the only place the harness starts a Ray cluster."""
+
+
+def enter_cluster_namespace() -> str | None:
+    """Moves the calling thread into a loopback-only network namespace, where scenarios that declare a
+    cluster can run; returns why it could not (those scenarios then fail, saying so), or None.
+
+    Call it before any thread or server starts: threads started earlier stay outside, and a server
+    listening outside is out of reach from inside.
+    """
+    from harness.netns import LoopbackNamespaceError, enter_loopback_namespace
+
+    try:
+        enter_loopback_namespace()
+    except LoopbackNamespaceError as exc:
+        return f"cannot run scenarios that declare a cluster: {exc.strerror}"
+    return None
+
+
+@contextlib.contextmanager
+def _cluster_for(scenario: CompiledScenario) -> Iterator[LocalCluster | None]:
+    """The scenario's local Ray cluster, started for it and shut down after it; None if it declares none."""
+    spec = scenario.spec.cluster
+    if spec is None:
+        yield None
+        return
+    from harness.netns import in_loopback_namespace
+
+    if not in_loopback_namespace():
+        raise ClusterUnavailableError(
+            "the scenario declares a cluster, and the harness starts Ray clusters only inside a "
+            "loopback-only network namespace, which it enters at startup when it can: that needs "
+            "CAP_SYS_ADMIN (run as root, or under `unshare --user --map-root-user --net`)"
+        )
+    from harness.cluster import LocalCluster
+
+    # Env actors import the user's env factory by name, from the folders the scenario imports it from.
+    folder = scenario.file.parent.absolute()
+    folders = [folder, *(folder / Path(entry).expanduser() for entry in scenario.spec.python_path)]
+    inherited = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join([*(str(f) for f in folders), *([inherited] if inherited else [])])
+    with LocalCluster(
+        spec.nodes, cpus_per_node=spec.cpus_per_node, environment={"PYTHONPATH": path}
+    ) as cluster:
+        yield cluster
+
+
+def _placed(config: RunnerConfig, scenario: CompiledScenario, cluster: LocalCluster | None) -> RunnerConfig:
+    """``config`` with the env actors pinned to the worker node ``cluster.envs_on_worker`` names, if any."""
+    spec = scenario.spec.cluster
+    if cluster is None or spec is None or spec.envs_on_worker is None:
+        return config
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = cluster.worker_node_ids()[spec.envs_on_worker]
+    strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    options = {**(config.env_actor_options or {}), "scheduling_strategy": strategy}
+    return dataclasses.replace(config, env_actor_options=options)
+
+
+def _settled(count: Callable[[], int]) -> int:
+    """``count()`` once it is 0, or after :data:`SETTLE_S`, whichever comes first."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        left = count()
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def _base_factory(scenario: CompiledScenario, tool_url: str | None) -> Callable[[Task], Any]:
@@ -179,8 +280,12 @@ async def run_batch(
     config: RunnerConfig,
     with_faults: bool,
     workdir: Path,
+    cluster: LocalCluster | None = None,
 ) -> RunOutcome:
-    """Run the scenario's batch once, with or without its faults; never raises what the batch raised."""
+    """Run the scenario's batch once, with or without its faults; never raises what the batch raised.
+
+    ``cluster`` is the scenario's Ray cluster, whose nodes ``kill_node`` faults remove.
+    """
     label = "faulted" if with_faults else "baseline"
     plan = FaultPlan(
         scenario.faults if with_faults else [],
@@ -210,6 +315,8 @@ async def run_batch(
             output: BatchOutput | None = None
             metrics: dict[str, float] = {}
             error: BaseException | None = None
+            if cluster is not None:
+                stack.enter_context(NodeKiller(plan, spans, cluster))
             try:
                 if scenario.pipeline is not None:
                     trajectories, output = _normalise(await scenario.pipeline(tasks, factory, faulty))
@@ -224,6 +331,10 @@ async def run_batch(
             end_s = time.time() - plan.start
             moved = failovers() - before
             endpoints = watch.finish() if watch is not None else []
+    actors_alive = envs_unclosed = None
+    if cluster is not None:
+        actors_alive = _settled(lambda: len(cluster.alive_actors()))
+        envs_unclosed = _settled(ledger.unclosed)
     return RunOutcome(
         trajectories=trajectories,
         output=output,
@@ -231,12 +342,14 @@ async def run_batch(
         error=error,
         wall_s=wall_s,
         envs_created=ledger.created(),
-        envs_unclosed=ledger.unclosed(),
+        envs_unclosed=ledger.unclosed() if envs_unclosed is None else envs_unclosed,
         firings=read_firings(plan.log_path),
         spans=spans.read(),
         failovers=moved,
         end_s=end_s,
         endpoints=endpoints,
+        actors_alive=actors_alive,
+        head_node=cluster.head_node_id if cluster is not None else None,
     )
 
 
@@ -292,10 +405,18 @@ async def run_scenario(scenario: CompiledScenario, bench: Bench) -> ScenarioResu
         # Greedy, so the runs can be compared token for token; logprobs, so a numerical tie between
         # two tokens can be told from a real difference (harness.compare).
         config = dataclasses.replace(scenario.config, temperature=0.0, logprobs=True)
-        with tempfile.TemporaryDirectory(prefix="gym-resilience-chaos-") as tmp:
+        with (
+            tempfile.TemporaryDirectory(prefix="gym-resilience-chaos-") as tmp,
+            _cluster_for(scenario) as cluster,
+        ):
             runs = {
                 with_faults: await run_batch(
-                    scenario, bench, config=config, with_faults=with_faults, workdir=Path(tmp)
+                    scenario,
+                    bench,
+                    config=_placed(config, scenario, cluster),
+                    with_faults=with_faults,
+                    workdir=Path(tmp),
+                    cluster=cluster,
                 )
                 for with_faults in (False, True)
             }

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 from gym_resilience.config import RunnerConfig
 from harness.messages import Loc, Problem
-from harness.spec import BatchSpec, EngineFault, EngineSpec, EnvFault, Fault, NetworkFault
+from harness.spec import (
+    BatchSpec,
+    ClusterSpec,
+    EngineFault,
+    EngineSpec,
+    EnvFault,
+    Fault,
+    NetworkFault,
+    RayFault,
+)
 
 __all__ = ["Known", "rule_problems"]
 
@@ -30,22 +39,53 @@ class Known:
     """How many tasks the batch has."""
     pipeline: bool | None
     """Whether a user pipeline runs instead of BatchRunner."""
+    cluster: ClusterSpec | None = None
+    """The declared cluster; None when the file declares none (or ``cluster`` has a problem of its own)."""
+    cluster_valid: bool = True
+    """False when ``cluster`` has a problem of its own: the rules about it are then skipped."""
 
 
 def rule_problems(known: Known) -> Iterator[Problem]:
     """Every rule the known parts break, fault by fault."""
     if known.engine is not None:
         yield from _engine_problems(known.engine)
+    yield from _cluster_problems(known)
     for index, fault in known.faults:
         at: Loc = ("faults", index)
         if isinstance(fault, EnvFault):
             yield from _env_fault_problems(known, at, fault)
         elif isinstance(fault, EngineFault):
             yield from _engine_fault_problems(known, at, fault)
+        elif isinstance(fault, RayFault):
+            yield from _ray_fault_problems(known, at, fault)
         else:
             yield from _network_fault_problems(known, at, fault)
         if not isinstance(fault, NetworkFault):
             yield from _targeting_problems(known, at, fault)
+
+
+def _cluster_problems(known: Known) -> Iterator[Problem]:
+    """Envs in Ray actors and ray faults need the local cluster the harness starts: one problem, at the
+    first field that needs it."""
+    config, cluster = known.config, known.cluster
+    if cluster is not None:
+        yield from _envs_on_worker_problems(cluster, config)
+    if cluster is not None or not known.cluster_valid:
+        return
+    if config is not None and config.env_backend == "ray":
+        yield Problem(
+            ("runner", "env_backend"),
+            "env_backend 'ray' needs a cluster: declare cluster: {nodes: 2} (a local Ray cluster the "
+            "harness starts on loopback for the scenario)",
+        )
+        return
+    ray_faults = [index for index, fault in known.faults if isinstance(fault, RayFault)]
+    if ray_faults:
+        yield Problem(
+            ("faults", ray_faults[0], "target"),
+            "a ray fault needs a cluster: declare cluster: {nodes: 2} (a local Ray cluster the harness "
+            "starts on loopback for the scenario)",
+        )
 
 
 def _engine_problems(engine: EngineSpec) -> Iterator[Problem]:
@@ -71,6 +111,31 @@ def _engine_problems(engine: EngineSpec) -> Iterator[Problem]:
             yield Problem(("engine", "endpoints", position), f"endpoint {url!r} is listed twice")
 
 
+def _envs_on_worker_problems(cluster: ClusterSpec, config: RunnerConfig | None) -> Iterator[Problem]:
+    worker = cluster.envs_on_worker
+    if worker is None:
+        return
+    at: Loc = ("cluster", "envs_on_worker")
+    if worker >= cluster.worker_nodes:
+        yield Problem(
+            at,
+            f"worker node {worker} does not exist: the cluster has {cluster.worker_nodes} worker "
+            f"node{'s' if cluster.worker_nodes != 1 else ''} (numbered from 0)",
+        )
+    if config is not None and config.env_backend != "ray":
+        yield Problem(
+            at,
+            "envs_on_worker places env actors, and runner.env_backend is "
+            f"{config.env_backend!r}: set it to 'ray'",
+        )
+    elif config is not None and "scheduling_strategy" in (config.env_actor_options or {}):
+        yield Problem(
+            at,
+            "envs_on_worker sets the env actors' scheduling_strategy, and "
+            "runner.env_actor_options.scheduling_strategy sets it too: give only one",
+        )
+
+
 def _env_fault_problems(known: Known, at: Loc, fault: EnvFault) -> Iterator[Problem]:
     if fault.kind == "bad_output" and fault.method == "close":
         yield Problem(
@@ -80,14 +145,16 @@ def _env_fault_problems(known: Known, at: Loc, fault: EnvFault) -> Iterator[Prob
     config = known.config
     if fault.kind != "hang" or config is None:
         return
+    # An env in its own process or in a Ray actor has a worker that a deadline can end.
+    killable = config.env_backend != "thread"
     deadline = {"step": "env_step_timeout_s", "reset": "env_reset_timeout_s"}.get(fault.method)
-    if deadline is None and not config.isolate_envs:
+    if deadline is None and not killable:
         yield Problem(
             (*at, "kind"),
             "a hang in close needs runner.isolate_envs: true: only an isolated env's close is killed "
             "at its deadline, and a close that never returns would hang the run",
         )
-    elif deadline is not None and not (config.isolate_envs and getattr(config, deadline) is not None):
+    elif deadline is not None and not (killable and getattr(config, deadline) is not None):
         yield Problem(
             (*at, "kind"),
             f"a hang in {fault.method} needs runner.isolate_envs: true and runner.{deadline} set: only a "
@@ -111,6 +178,49 @@ def _engine_fault_problems(known: Known, at: Loc, fault: EngineFault) -> Iterato
             f"server {fault.server} does not exist: engine.servers is {engine.servers} "
             "(servers are numbered from 0)",
         )
+
+
+_RAY_FIELDS = {"when": "kill_actor", "after_steps": "kill_node", "node": "kill_node"}
+"""The ray fault fields that go with one kind only."""
+
+
+def _ray_fault_problems(known: Known, at: Loc, fault: RayFault) -> Iterator[Problem]:
+    config, cluster = known.config, known.cluster
+    for name in sorted(fault.model_fields_set & _RAY_FIELDS.keys()):
+        if _RAY_FIELDS[name] != fault.kind:
+            yield Problem(
+                (*at, name), f"{name} only goes with kind {_RAY_FIELDS[name]!r}, and kind is {fault.kind!r}"
+            )
+    if known.pipeline:
+        yield Problem(
+            (*at, "target"),
+            "a ray fault needs BatchRunner: it hits the Ray actors BatchRunner runs envs in "
+            "(runner.env_backend: ray), and a user pipeline builds its own envs",
+        )
+    elif config is not None and config.env_backend != "ray":
+        yield Problem(
+            (*at, "target"),
+            "a ray fault needs runner.env_backend: ray: it hits the Ray actors the envs run in, and "
+            f"env_backend is {config.env_backend!r}",
+        )
+    if fault.kind != "kill_node":
+        return
+    if fault.node is not None and cluster is not None and fault.node >= cluster.worker_nodes:
+        yield Problem(
+            (*at, "node"),
+            f"worker node {fault.node} does not exist: the cluster has {cluster.worker_nodes} worker "
+            f"node{'s' if cluster.worker_nodes != 1 else ''} (cluster.nodes {cluster.nodes} counts the "
+            "head; worker nodes are numbered from 0)",
+        )
+    if config is not None and known.tasks is not None and not known.pipeline:
+        steps = known.tasks * config.n_samples_per_prompt * config.max_turns
+        if fault.after_steps >= steps:
+            yield Problem(
+                (*at, "after_steps"),
+                f"after_steps {fault.after_steps} never happens: the batch makes at most {steps} env "
+                f"steps ({known.tasks} tasks x runner.n_samples_per_prompt {config.n_samples_per_prompt} "
+                f"x runner.max_turns {config.max_turns})",
+            )
 
 
 def _network_fault_problems(known: Known, at: Loc, fault: NetworkFault) -> Iterator[Problem]:
@@ -139,7 +249,7 @@ def _network_fault_problems(known: Known, at: Loc, fault: NetworkFault) -> Itera
         )
 
 
-def _targeting_problems(known: Known, at: Loc, fault: EnvFault | EngineFault) -> Iterator[Problem]:
+def _targeting_problems(known: Known, at: Loc, fault: EnvFault | EngineFault | RayFault) -> Iterator[Problem]:
     """A filter naming a rollout, turn or attempt the batch never has makes a fault that never fires, and
     a scenario whose fault never fires holds without testing anything (see ``harness.faults`` for where
     each call is: a filter never matches a call whose coordinate is unknown)."""

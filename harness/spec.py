@@ -24,6 +24,7 @@ __all__ = [
     "MAX_TASKS",
     "PROBES",
     "BatchSpec",
+    "ClusterSpec",
     "ConnectionTargeting",
     "EngineFault",
     "EngineSpec",
@@ -32,6 +33,7 @@ __all__ = [
     "Fault",
     "NetworkFault",
     "Probe",
+    "RayFault",
     "Scenario",
     "Targeting",
 ]
@@ -149,7 +151,20 @@ class NetworkFault(_Model):
     when: ConnectionTargeting = ConnectionTargeting()
 
 
-Fault = Annotated[EnvFault | EngineFault | NetworkFault, Field(discriminator="target")]
+class RayFault(_Model):
+    """A fault in the Ray cluster the envs run on (``runner.env_backend: ray``): ``kill_actor`` SIGKILLs
+    the env actor of the targeted step from inside it, mid-step; ``kill_node`` removes worker node
+    ``node`` (None: the one hosting the most env actors) once ``after_steps`` env steps have ended.
+    """
+
+    target: Literal["ray"]
+    kind: Literal["kill_actor", "kill_node"]
+    after_steps: Annotated[int, Field(ge=0)] = 0
+    node: Annotated[int, Field(ge=0)] | None = None
+    when: Targeting = Targeting()
+
+
+Fault = Annotated[EnvFault | EngineFault | NetworkFault | RayFault, Field(discriminator="target")]
 
 
 def _loopback_url(url: str) -> str:
@@ -192,6 +207,22 @@ class EngineSpec(_Model):
         if self.kind == "served":
             return self.servers
         return len(self.endpoints or []) if self.kind == "openai" else 0
+
+
+class ClusterSpec(_Model):
+    """A local multi-node Ray cluster the harness starts for the scenario (and stops after it): ``nodes``
+    nodes in all, the head and ``nodes - 1`` worker nodes, each with ``cpus_per_node`` CPUs.
+    ``envs_on_worker`` pins every env actor to that worker node (node affinity), off the head, where
+    the driver runs."""
+
+    nodes: Annotated[int, Field(gt=1, le=4)]
+    cpus_per_node: Annotated[int, Field(ge=1, le=64)] = 1
+    envs_on_worker: Annotated[int, Field(ge=0)] | None = None
+
+    @property
+    def worker_nodes(self) -> int:
+        """How many worker nodes (the nodes but the head)."""
+        return self.nodes - 1
 
 
 class BatchSpec(_Model):
@@ -326,6 +357,9 @@ class Scenario(_Model):
     """One chaos scenario: run ``batch`` on ``engine`` (serving ``model``) with ``runner`` settings
     (RunnerConfig fields), fault-free and then with ``faults``, and check ``expect`` and ``probes``.
 
+    ``cluster`` is a local multi-node Ray cluster the harness starts around both runs, for envs run in
+    Ray actors (``runner.env_backend: ray``) and the ``ray`` faults.
+
     ``pipeline`` names a user's rollout function (``module:name``) to run instead of BatchRunner:
     ``async def fn(tasks, env_factory, engine) -> list[Trajectory | StepWiseTrajectory] | BatchOutput``.
     ``model`` is a Hugging Face model folder (relative to the scenario file); None is the bundled tiny
@@ -342,6 +376,7 @@ class Scenario(_Model):
     model: str | None = None
     python_path: list[str] = []
     runner: dict[str, Any] = {}
+    cluster: ClusterSpec | None = None
     pipeline: str | None = None
     faults: list[Fault] = []
     expect: Expect = Expect()

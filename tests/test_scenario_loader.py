@@ -100,7 +100,8 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
         "a string"
     ),
     "missing_fault_target.yaml": (
-        ":4 at faults[0].target: missing required field 'target'; expected one of 'env', 'engine', 'network'"
+        ":4 at faults[0].target: missing required field 'target'; expected one of 'env', 'engine', "
+        "'network', 'ray'"
     ),
     "missing_title.yaml": ":2 at title: missing required field 'title'",
     "model_folder_missing.yaml": (
@@ -184,7 +185,7 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
         "got 'explode'"
     ),
     "unknown_fault_target.yaml": (
-        ":6 at faults[1].target: expected one of 'env', 'engine', 'network', got 'disk'"
+        ":6 at faults[1].target: expected one of 'env', 'engine', 'network', 'ray', got 'disk'"
     ),
     "unknown_bundled_env.yaml": (
         ":4 at batch.env: unknown env 'word_gam': expected word_game, tool_use, or an env factory "
@@ -376,7 +377,7 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
             "title: t\nzzzzz: 1\n",
             (
                 "s.yaml:2 at zzzzz: unknown field 'zzzzz'; expected one of title, description, tags, seed, "
-                "batch, engine, model, python_path, runner, pipeline, faults, expect, probes"
+                "batch, engine, model, python_path, runner, cluster, pipeline, faults, expect, probes"
             ),
         ),
         ("title:\n", "s.yaml:1 at title: expected a string, got null"),
@@ -384,7 +385,7 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
         ("title: t\nfaults:\n  - raise\n", "s.yaml:3 at faults[0]: expected a mapping, got 'raise'"),
         (
             "title: t\nfaults:\n  - {target: [env], kind: raise}\n",
-            "s.yaml:3 at faults[0].target: expected one of 'env', 'engine', 'network', got a list",
+            "s.yaml:3 at faults[0].target: expected one of 'env', 'engine', 'network', 'ray', got a list",
         ),
         (
             "title: t\nfaults:\n  - {target: network, kind: latency}\n",
@@ -452,11 +453,12 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
         (
             "title: t\nprobes:\n  - {probe: 'no_such_probe_at_all', eq: 1}\n",
             (
-                "s.yaml:3 at probes[0]: unknown probe 'no_such_probe_at_all'; expected one of batch_size, "
-                "envs_unclosed, error_type, failed, failovers, faults_fired, identical_to_baseline, "
-                "logprobs_per_token, masked_groups, numerical_ties, placeholders, retries, "
-                "retries_succeeded, token_level_rewards, validator_passes, wall_over_injected_latency, "
-                "wall_time_ratio, or metrics.<key>"
+                "s.yaml:3 at probes[0]: unknown probe 'no_such_probe_at_all'; expected one of "
+                "actors_left_alive, batch_size, envs_on_head_node, envs_unclosed, error_type, failed, "
+                "failovers, faults_fired, identical_to_baseline, logprobs_per_token, masked_groups, "
+                "nodes_used, numerical_ties, placeholder_rollouts, placeholders, retries, "
+                "retries_moved_node, retries_succeeded, token_level_rewards, validator_passes, "
+                "wall_over_injected_latency, wall_time_ratio, or metrics.<key>"
             ),
         ),
         (
