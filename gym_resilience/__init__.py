@@ -6,7 +6,7 @@ from gym_resilience.advantages import (
     GroupStats,
     group_relative_advantages,
 )
-from gym_resilience.agent_loop import Progress, current_rollout, rollout_headers
+from gym_resilience.rollout import Progress, current_rollout, rollout_headers
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
@@ -77,6 +77,7 @@ __all__ = [
     "OutputValidationError",
     "OutputValidationWarning",
     "Progress",
+    "RayEnv",
     "ResilientEnv",
     "RetryPolicy",
     "RolloutError",
@@ -99,3 +100,12 @@ __all__ = [
     "validate_batch_output",
     "without_timings",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # RayEnv on first use only: importing gym_resilience must not import ray (or need it installed).
+    if name == "RayEnv":
+        from gym_resilience.ray_env import RayEnv
+
+        return RayEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

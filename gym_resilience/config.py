@@ -10,14 +10,20 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gym_resilience import errors
+from gym_resilience._text import show as _show
 from gym_resilience.deadlines import check_seconds
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.retry import RetryPolicy
 
-__all__ = ["RunnerConfig"]
+__all__ = ["ENV_BACKENDS", "EnvBackend", "RunnerConfig"]
+
+EnvBackend = Literal["thread", "process", "ray"]
+"""Where a rollout's env runs: a thread of this process, a worker process, or a Ray actor."""
+
+ENV_BACKENDS: tuple[EnvBackend, ...] = typing.get_args(EnvBackend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +60,21 @@ class RunnerConfig:
             more than this fraction of the batch failed, instead of training on mostly placeholders.
         generation_timeout_s: deadline of one engine call; the request is aborted in the engine.
         rollout_timeout_s: deadline of one whole rollout attempt (``RolloutTimeoutError``).
-        isolate_envs: run each env in its own process (``ResilientEnv(isolate=True)``), so a hung env
-            can be killed. ``env_factory`` and the tasks must then be picklable.
-        env_step_timeout_s, env_reset_timeout_s: deadlines of one env call; they need ``isolate_envs``,
-            because a thread stuck in an env cannot be stopped.
-        env_create_timeout_s: deadline for building one env (its worker's start and ``env_factory``);
-            past it the worker is killed and the rollout fails with ``EnvTimeoutError``. Needs
-            ``isolate_envs``, for the same reason.
+        env_backend: where each rollout's env runs (``env_backends.make_env`` decides from it):
+            ``"thread"``, in this process, its calls in the ``env_threads`` pool; ``"process"``, in a
+            worker process of its own (``IsolatedEnv``), so a hung env can be killed, and ``env_factory``
+            and the tasks must then be picklable; ``"ray"``, in a Ray actor of its own (``RayEnv``) on the
+            cluster this process is connected to (``ray.init``; see docs/ray.md), which a deadline kills.
+        env_actor_options: with ``env_backend="ray"``, the options of each env's actor (``num_cpus``,
+            ``resources``, ``scheduling_strategy``, ...); None: ``ray_env.DEFAULT_ACTOR_OPTIONS``.
+        isolate_envs: ``True`` is the older spelling of ``env_backend="process"`` (the backend becomes
+            ``"process"``; with another backend than ``"thread"`` or ``"process"`` it is refused).
+        env_step_timeout_s, env_reset_timeout_s: deadlines of one env call; they need ``isolate_envs``
+            (or ``env_backend`` ``"process"`` or ``"ray"``), because a thread stuck in an env cannot be
+            stopped.
+        env_create_timeout_s: deadline for building one env (its worker's or actor's start and
+            ``env_factory``); past it the worker is killed and the rollout fails with
+            ``EnvTimeoutError``. Needs a killable backend, for the same reason.
         close_timeout_s: how long tearing down a rollout waits for its env's ``close`` (or for an env
             still being built when the rollout gave up); past it the thread running that call closes the
             env when the call returns, the batch does not wait for it, and its metric
@@ -89,6 +103,8 @@ class RunnerConfig:
     generation_timeout_s: float | None = None
     rollout_timeout_s: float | None = None
     isolate_envs: bool = False
+    env_backend: EnvBackend = "thread"
+    env_actor_options: Mapping[str, Any] | None = None
     env_step_timeout_s: float | None = None
     env_reset_timeout_s: float | None = None
     env_create_timeout_s: float | None = None
@@ -161,9 +177,10 @@ class RunnerConfig:
         ):
             check_seconds(option, getattr(self, option))
         check_seconds("close_timeout_s", self.close_timeout_s)
+        self._check_env_backend()
         env_deadlines = ("env_step_timeout_s", "env_reset_timeout_s", "env_create_timeout_s")
         needs_isolation = [option for option in env_deadlines if getattr(self, option) is not None]
-        if not self.isolate_envs and needs_isolation:
+        if self.env_backend == "thread" and needs_isolation:
             raise UnsupportedConfigError(
                 "needs isolate_envs=True: a thread stuck in an env cannot be stopped, so a deadline "
                 "without a process to kill would not be a deadline",
@@ -204,6 +221,34 @@ class RunnerConfig:
                 "batched=True is the single-turn path: it needs max_turns=1 and step_wise=False",
                 option="batched",
             )
+
+    def _check_env_backend(self) -> None:
+        """Checks ``env_backend`` and the options that go with it; ``isolate_envs`` selects "process"."""
+        if self.env_backend not in ENV_BACKENDS:
+            raise UnsupportedConfigError(
+                f"must be one of {', '.join(map(repr, ENV_BACKENDS))}, got {self.env_backend!r}",
+                option="env_backend",
+            )
+        if self.isolate_envs:
+            if self.env_backend == "ray":
+                raise UnsupportedConfigError(
+                    "isolate_envs=True means env_backend='process', and env_backend is 'ray': set only one",
+                    option="isolate_envs",
+                )
+            object.__setattr__(self, "env_backend", "process")  # frozen: the one place that sets it
+        if self.env_actor_options is not None:
+            if self.env_backend != "ray":
+                raise UnsupportedConfigError(
+                    f"needs env_backend='ray' (actor options place Ray actors), got {self.env_backend!r}",
+                    option="env_actor_options",
+                )
+            from gym_resilience.ray_env import check_actor_options  # not at import: it is rarely needed
+
+            check_actor_options(self.env_actor_options)
+        if self.env_backend == "ray":
+            from gym_resilience.ray_env import check_ray_installed
+
+            check_ray_installed()
 
 
 def _check_positive(option: str, value: int) -> None:
@@ -306,6 +351,14 @@ _WORDS: dict[Any, str] = {
 }
 
 
+def _word(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(annotation)))
+    if typing.get_origin(annotation) is Mapping:
+        return "a mapping"
+    return _WORDS.get(annotation, "a value")
+
+
 def _typed(value: Any, annotation: Any, path: tuple[str | int, ...]) -> Any:
     """``value`` if a type ``annotation`` allows has it (an int is a float, and becomes one)."""
     members = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
@@ -322,26 +375,13 @@ def _typed(value: Any, annotation: Any, path: tuple[str | int, ...]) -> Any:
             return float(value)
         if member is str and isinstance(value, str):
             return value
-    words = [_WORDS.get(member, "a value") for member in members]
+        if typing.get_origin(member) is Literal and value in typing.get_args(member):
+            return value
+        if typing.get_origin(member) is Mapping and isinstance(value, Mapping):
+            if not all(isinstance(key, str) for key in value):
+                raise _at(path, f"expected a mapping with string keys, got {_show(value)}")
+            return dict(value)
+    words = [_word(member) for member in members]
     if "a number" in words and "an integer" in words:
         words.remove("an integer")
     raise _at(path, f"expected {' or '.join(words)}, got {_show(value)}")
-
-
-def _show(value: Any) -> str:
-    """A value as YAML or JSON data writes it: ``'three'``, ``3``, ``true``, ``null``, ``a list``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 60 else value[:57] + "...")
-    if isinstance(value, list | tuple):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    return f"a {type(value).__name__}"

@@ -1,4 +1,11 @@
-"""Where a rollout's env runs: the one place that turns ``RunnerConfig``'s env backend into an env."""
+"""Where a rollout's env runs: the one place that turns ``RunnerConfig.env_backend`` into an env.
+
+``"thread"``: ``env_factory(task)`` in this process (the runner's pool runs its calls); ``"process"``: an
+:class:`~gym_resilience.isolation.IsolatedEnv`, a worker process of its own; ``"ray"``: a
+:class:`~gym_resilience.ray_env.RayEnv`, a Ray actor of its own on the cluster this process is connected
+to. The last two keep the config's env deadlines by killing the worker, and ``abort`` can kill it while
+the env starts. Every env comes back wrapped in :class:`~gym_resilience.env.ResilientEnv`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.isolation import IsolatedEnv, StartAbort
 from gym_resilience.tasks import Task
+from gym_resilience.worker_env import WorkerEnv
 
 __all__ = ["EnvFactory", "make_env"]
 
@@ -22,17 +30,24 @@ EnvFactory = Callable[[Task], gymnasium.Env[Any, Any]]
 def make_env(
     env_factory: EnvFactory, task: Task, config: RunnerConfig, abort: StartAbort | None = None
 ) -> ResilientEnv[Any, Any]:
-    """The env of one rollout, wrapped; in its own process when ``config.isolate_envs``, which
-    ``abort`` can kill while it starts."""
-    if config.isolate_envs:
-        isolated = IsolatedEnv(
-            functools.partial(env_factory, task),
-            step_timeout=config.env_step_timeout_s,
-            reset_timeout=config.env_reset_timeout_s,
-            start_timeout=config.env_create_timeout_s,
-            close_timeout=config.close_timeout_s,
-            abort=abort,
-        )
-        return ResilientEnv(isolated)
-    raw = env_factory(task)
-    return raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
+    """The env of one rollout, wrapped, where ``config.env_backend`` says; ``abort`` can kill a worker
+    process or actor while it starts."""
+    if config.env_backend == "thread":
+        raw = env_factory(task)
+        return raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
+    env_fn = functools.partial(env_factory, task)
+    deadlines: dict[str, Any] = {
+        "step_timeout": config.env_step_timeout_s,
+        "reset_timeout": config.env_reset_timeout_s,
+        "start_timeout": config.env_create_timeout_s,
+        "close_timeout": config.close_timeout_s,
+        "abort": abort,
+    }
+    worker: WorkerEnv
+    if config.env_backend == "process":
+        worker = IsolatedEnv(env_fn, **deadlines)
+    else:
+        from gym_resilience.ray_env import RayEnv  # imports ray only when it is used
+
+        worker = RayEnv(env_fn, actor_options=config.env_actor_options, **deadlines)
+    return ResilientEnv(worker)

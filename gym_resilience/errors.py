@@ -9,7 +9,7 @@ The tree::
     │   ├── EnvCloseError               close() raised
     │   ├── EnvClosedError              used after close: "you closed it", not "it broke"
     │   ├── EnvTimeoutError             (also TimeoutError) a call on an isolated env ran past its deadline
-    │   ├── EnvWorkerDiedError          an isolated env's worker process died
+    │   ├── EnvWorkerDiedError          an isolated env's worker process or Ray actor died
     │   └── UnpicklableEnvError         stands in for an isolated env's exception that did not pickle
     ├── EngineError                     an engine failed to serve a request
     │   ├── EngineClosedError           (also RuntimeError) used before start or after close
@@ -281,19 +281,35 @@ def _describe_exit(exitcode: int | None) -> str:
 
 
 class EnvWorkerDiedError(EnvError):
-    """Raised when an isolated env's worker process died during a call; the env counts as closed.
+    """Raised when the worker of an env (its process, or its Ray actor) died during a call; the env counts
+    as closed.
 
-    It crashed, exited, or was killed from outside (``exitcode`` -9, SIGKILL, is often the kernel's OOM
-    killer). ``operation`` names the call, ``exitcode`` is the process's exit code (negative: the signal
-    that killed it; None: unknown). Create a new env; the worker's stderr may say why it died.
+    A worker process crashed, exited, or was killed from outside (``exitcode`` -9, SIGKILL, is often the
+    kernel's OOM killer); a Ray actor was killed, or the node it ran on died (``node_id`` names that
+    node, when known). ``operation`` names the call, ``exitcode`` is the process's exit code (negative:
+    the signal that killed it; None: unknown, or an actor). Create a new env; the worker's stderr (an
+    actor's: the node's Ray logs) may say why it died. ``__cause__`` is Ray's own error for an actor.
     """
 
-    def __init__(self, *, operation: str, exitcode: int | None, env_id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        operation: str,
+        exitcode: int | None = None,
+        env_id: str | None = None,
+        actor_id: str | None = None,
+        node_id: str | None = None,
+    ) -> None:
         self.operation = operation
         self.exitcode = exitcode
-        super().__init__(
-            f"env worker process died during {operation} ({_describe_exit(exitcode)})", env_id=env_id
-        )
+        self.actor_id = actor_id
+        self.node_id = node_id
+        if actor_id is None:
+            what = f"env worker process died during {operation} ({_describe_exit(exitcode)})"
+        else:
+            where = f"node {node_id}" if node_id else "an unknown node"
+            what = f"env actor {actor_id} on {where} died during {operation}"
+        super().__init__(what, env_id=env_id)
 
 
 class UnpicklableEnvError(EnvError):

@@ -39,6 +39,7 @@ point with ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import enum
@@ -79,7 +80,7 @@ from gym_resilience.errors import (
 )
 from gym_resilience.worker_env import Killable, WorkerEnv
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv", "StartAbort"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv", "RemoteEnv", "StartAbort"]
 
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 """How long ``close()`` waits for an isolated env to close before killing its worker."""
@@ -115,18 +116,6 @@ def _raised_reply(error: BaseException) -> tuple[Any, ...]:
         reason = describe_exception(exc)
     # A broken __str__ must not hide the error it belongs to: exception_message never raises.
     return ("raised", blob, _type_name(error), exception_message(error), text, reason)
-
-
-def _reply(conn: Connection[Any, Any], value: Any) -> None:
-    try:
-        data = bytes(ForkingPickler.dumps(("ok", value)))
-    except Exception as exc:  # the value does not pickle: that is the call's failure
-        data = bytes(ForkingPickler.dumps(_raised_reply(exc)))
-    conn.send_bytes(data)
-
-
-def _reply_raised(conn: Connection[Any, Any], error: BaseException) -> None:
-    conn.send_bytes(bytes(ForkingPickler.dumps(_raised_reply(error))))
 
 
 def _describe(env: gymnasium.Env[Any, Any]) -> dict[str, Any]:
@@ -174,6 +163,34 @@ def _exit_when_orphaned(lifeline: Connection[Any, Any], grace_s: float) -> None:
     os._exit(_ORPHANED_EXIT_CODE)
 
 
+def build_env(env_fn: EnvFn) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
+    """Builds the env where it will live: the env and the ``("ok", description)`` reply, or None and the
+    ``("raised", ...)`` reply saying what ``env_fn`` raised (an env it built then is closed)."""
+    env: gymnasium.Env[Any, Any] | None = None
+    try:
+        env = env_fn()
+        return env, bytes(ForkingPickler.dumps(("ok", _describe(env))))
+    except BaseException as exc:
+        if env is not None:
+            with contextlib.suppress(Exception):
+                env.close()
+        return None, bytes(ForkingPickler.dumps(_raised_reply(exc)))
+
+
+def answer_request(env: gymnasium.Env[Any, Any], data: bytes) -> tuple[bytes, str]:
+    """Runs one pickled request on ``env``: the pickled reply, and the command (``close`` ends the host)."""
+    command = ""
+    try:
+        command, payload = pickle.loads(data)
+        value = _run(env, command, payload)
+    except BaseException as exc:  # KeyboardInterrupt too: the parent re-raises it, as in-process
+        return bytes(ForkingPickler.dumps(_raised_reply(exc))), command
+    try:
+        return bytes(ForkingPickler.dumps(("ok", value))), command
+    except Exception as exc:  # the value does not pickle: that is the call's failure
+        return bytes(ForkingPickler.dumps(_raised_reply(exc))), command
+
+
 def _serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: EnvFn, grace_s: float) -> None:
     """The worker's main function: builds the env, then serves requests until ``close`` or orphaned."""
     if hasattr(os, "setsid"):
@@ -184,36 +201,21 @@ def _serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: E
     threading.Thread(
         target=_exit_when_orphaned, args=(lifeline, grace_s), name="lifeline", daemon=True
     ).start()
-    env: gymnasium.Env[Any, Any] | None = None
+    env, ready = build_env(env_fn)
     try:
-        env = env_fn()
-        ready = bytes(ForkingPickler.dumps(("ok", _describe(env))))
-    except BaseException as exc:
+        conn.send_bytes(ready)
+        while env is not None and _serve_one(conn, env):
+            pass
+    except (EOFError, OSError):  # the parent went away without a close request
         if env is not None:
             with contextlib.suppress(Exception):
                 env.close()
-        _reply_raised(conn, exc)
-        return
-    try:
-        conn.send_bytes(ready)
-        while _serve_one(conn, env):
-            pass
-    except (EOFError, OSError):  # the parent went away without a close request
-        with contextlib.suppress(Exception):
-            env.close()
 
 
 def _serve_one(conn: Connection[Any, Any], env: gymnasium.Env[Any, Any]) -> bool:
     """Serves one request; returns whether to go on (False after ``close``)."""
-    data = conn.recv_bytes()
-    command = ""
-    try:
-        command, payload = pickle.loads(data)
-        value = _run(env, command, payload)
-    except BaseException as exc:  # KeyboardInterrupt too: the parent re-raises it, as in-process
-        _reply_raised(conn, exc)
-    else:
-        _reply(conn, value)
+    reply, command = answer_request(env, conn.recv_bytes())
+    conn.send_bytes(reply)
     return command != "close"
 
 
@@ -306,11 +308,11 @@ class _Worker:
             try:
                 if abort is not None:
                     # Under the call lock: a kill from abort() leaves the handles to this thread.
-                    abort._watch(self)
+                    abort.watch(self)
                 data = self._exchange(None, operation="start", timeout_s=timeout)
             finally:
                 if abort is not None:
-                    abort._forget()
+                    abort.forget()
                 self._release_handles_if_ended()
         description: dict[str, Any] = self._unpack(data)
         return description
@@ -358,7 +360,7 @@ class _Worker:
         try:
             if self._state is not _State.RUNNING:
                 return
-            data = self._exchange(_CLOSE_MESSAGE, operation="close", timeout_s=timeout, deadline=deadline)
+            data = self._exchange(CLOSE_REQUEST, operation="close", timeout_s=timeout, deadline=deadline)
             # The worker exits right after its reply: let it, within what is left of the deadline.
             self._end(grace_s=max(deadline - time.monotonic(), 0.0))
         finally:
@@ -457,30 +459,34 @@ class _Worker:
         self._process.close()
 
     def _unpack(self, data: bytes) -> Any:
-        """The value of an ``ok`` reply; raises the exception of a ``raised`` reply."""
+        return unpack_reply(data, where=f"the env's worker process (pid {self.pid})", env_id=self.env_id)
+
+
+def unpack_reply(data: bytes, *, where: str, env_id: str | None) -> Any:
+    """The value of an ``ok`` reply from ``where`` (the env's host); raises the exception of a ``raised``
+    reply, as itself with the host's traceback as a note, or as :class:`UnpicklableEnvError`."""
+    try:
+        reply = pickle.loads(data)
+    except Exception as exc:
+        exc.add_note(f"while unpickling the reply of {where}")
+        raise
+    if reply[0] == "ok":
+        return reply[1]
+    _, blob, type_name, message, text, reason = reply
+    error: BaseException | None = None
+    if blob is not None:
         try:
-            reply = pickle.loads(data)
-        except Exception as exc:
-            exc.add_note(f"while unpickling the reply of the env's worker process (pid {self.pid})")
-            raise
-        if reply[0] == "ok":
-            return reply[1]
-        _, blob, type_name, message, text, reason = reply
-        error: BaseException | None = None
-        if blob is not None:
-            try:
-                error = pickle.loads(blob)
-            except Exception as exc:  # its class is not importable here
-                reason = describe_exception(exc)
-        if not isinstance(error, BaseException):
-            error = UnpicklableEnvError(
-                type_name=type_name, message=message, reason=reason, env_id=self.env_id
-            )
-        error.add_note(f"raised in the env's worker process (pid {self.pid}):\n{text.rstrip()}")
-        raise error
+            error = pickle.loads(blob)
+        except Exception as exc:  # its class is not importable here
+            reason = describe_exception(exc)
+    if not isinstance(error, BaseException):
+        error = UnpicklableEnvError(type_name=type_name, message=message, reason=reason, env_id=env_id)
+    error.add_note(f"raised in {where}:\n{text.rstrip()}")
+    raise error
 
 
-_CLOSE_MESSAGE = bytes(ForkingPickler.dumps(("close", None)))
+CLOSE_REQUEST = bytes(ForkingPickler.dumps(("close", None)))
+"""The pickled ``close`` request."""
 
 
 def _kill_process_group(pgid: int) -> None:
@@ -527,12 +533,13 @@ def _close_at_collection(worker: _Worker) -> None:
 
 
 class StartAbort:
-    """Lets another thread give up on an isolated env still starting: :meth:`abort` kills its worker.
+    """Lets another thread give up on an env still starting: :meth:`abort` kills its worker or actor.
 
-    Pass one to ``IsolatedEnv(..., abort=...)``. Aborted before or while the worker builds the env, the
-    start raises :class:`EnvClosedError` and leaves no process behind; once the env has started,
-    ``abort()`` no longer touches it. A thread cannot be stopped, a process can: this is how a caller
-    that stops waiting for an env (a cancelled rollout) makes sure it never arrives.
+    Pass one to ``IsolatedEnv(..., abort=...)`` or ``RayEnv(..., abort=...)``. Aborted before or while the
+    env is built, the start raises :class:`EnvClosedError` and leaves no process or actor behind; once the
+    env has started, ``abort()`` no longer touches it. A thread cannot be stopped, a process or an actor
+    can: this is how a caller that stops waiting for an env (a cancelled rollout) makes sure it never
+    arrives.
     """
 
     def __init__(self) -> None:
@@ -541,25 +548,114 @@ class StartAbort:
         self._starting: Killable | None = None
 
     def abort(self) -> None:
-        """Kills the worker if its env is still starting, and any worker that starts under this later."""
+        """Kills what is still starting, and anything that starts under this later."""
         with self._lock:
             self._aborted = True
             if self._starting is not None:
                 self._starting.kill()
 
-    def _watch(self, worker: Killable) -> None:
+    def watch(self, starting: Killable) -> None:
+        """Called by the env while it starts: ``abort()`` kills ``starting`` from now on (at once if it was
+        aborted already)."""
         with self._lock:
             if self._aborted:
-                worker.kill()
+                starting.kill()
             else:
-                self._starting = worker
+                self._starting = starting
 
-    def _forget(self) -> None:
+    def forget(self) -> None:
+        """Called by the env once its start ended, either way: ``abort()`` no longer touches it."""
         with self._lock:
             self._starting = None
 
 
-class IsolatedEnv(WorkerEnv):
+class RemoteEnv(WorkerEnv):
+    """The local surface of an env that lives elsewhere (a worker process, a Ray actor).
+
+    Subclasses say how a request reaches the env (:meth:`_request`); this class turns the Gymnasium API
+    into requests and copies the env's description (spaces, ``metadata``, ``render_mode``, ``spec``) when
+    it starts. It is its own ``unwrapped``: the real env and its wrappers are out of reach.
+    """
+
+    step_timeout: float | None
+    reset_timeout: float | None
+    _name: str
+
+    @abc.abstractmethod
+    def _request(self, command: str, payload: Any, *, operation: str, timeout: float | None) -> Any:
+        """Runs ``command`` on the env and returns its value, or raises what the env raised."""
+
+    def _adopt(self, description: dict[str, Any]) -> str | None:
+        """Copies the env's description here; returns its id (its spec's), if any."""
+        self.observation_space = description["observation_space"]
+        self.action_space = description["action_space"]
+        self.metadata = description["metadata"]
+        self.render_mode = description["render_mode"]
+        self.spec = description["spec"]
+        self._name = description["name"]
+        return self.spec.id if self.spec is not None else None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets the env, within ``reset_timeout``."""
+        result: tuple[Any, dict[str, Any]] = self._request(
+            "reset", {"seed": seed, "options": options}, operation="reset", timeout=self.reset_timeout
+        )
+        return result
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Steps the env, within ``step_timeout``."""
+        result: tuple[Any, SupportsFloat, bool, bool, dict[str, Any]] = self._request(
+            "step", action, operation="step", timeout=self.step_timeout
+        )
+        return result
+
+    def render(self) -> RenderFrame | list[RenderFrame] | None:
+        """Renders the env, within ``step_timeout``."""
+        frame: RenderFrame | list[RenderFrame] | None = self._request(
+            "render", None, operation="render", timeout=self.step_timeout
+        )
+        return frame
+
+    def _remote_attr(self, name: str, *, on_unwrapped: bool = False) -> Any:
+        return self._request(
+            "getattr", (name, on_unwrapped), operation=f"read {name}", timeout=self.step_timeout
+        )
+
+    def _set_remote_attr(self, name: str, value: Any, *, on_unwrapped: bool = False) -> None:
+        self._request(
+            "setattr", (name, value, on_unwrapped), operation=f"set {name}", timeout=self.step_timeout
+        )
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        """The env's random generator, read from where it lives (a copy: setting it sends one there)."""
+        generator: np.random.Generator = self._remote_attr("np_random")
+        return generator
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._set_remote_attr("np_random", value)
+
+    @property
+    def np_random_seed(self) -> int:
+        """The seed of the env's random generator, read from where it lives."""
+        seed: int = self._remote_attr("np_random_seed")
+        return seed
+
+    # check_env reads the private generator of ``unwrapped``, which for a remote env is this object.
+    @property
+    def _np_random(self) -> np.random.Generator | None:
+        generator: np.random.Generator | None = self._remote_attr("_np_random", on_unwrapped=True)
+        return generator
+
+    @_np_random.setter
+    def _np_random(self, value: np.random.Generator | None) -> None:
+        self._set_remote_attr("_np_random", value, on_unwrapped=True)
+
+
+class IsolatedEnv(RemoteEnv):
     """A local stand-in for an env that runs in a worker process, which a deadline kills.
 
     ``env_fn`` is called once, in the worker, to build the env. Its spaces, ``metadata``,
@@ -638,13 +734,7 @@ class IsolatedEnv(WorkerEnv):
             self._finalizer.detach()
             worker.abandon()
             raise
-        self.observation_space = description["observation_space"]
-        self.action_space = description["action_space"]
-        self.metadata = description["metadata"]
-        self.render_mode = description["render_mode"]
-        self.spec = description["spec"]
-        self._name: str = description["name"]
-        worker.env_id = self.spec.id if self.spec is not None else None
+        worker.env_id = self._adopt(description)
 
     @property
     def pid(self) -> int:
@@ -661,69 +751,13 @@ class IsolatedEnv(WorkerEnv):
         """Whether the worker was closed, killed or lost."""
         return not self._worker.running
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
-        """Resets the env in the worker, within ``reset_timeout``."""
-        result: tuple[Any, dict[str, Any]] = self._worker.request(
-            "reset", {"seed": seed, "options": options}, operation="reset", timeout=self.reset_timeout
-        )
-        return result
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Steps the env in the worker, within ``step_timeout``."""
-        result: tuple[Any, SupportsFloat, bool, bool, dict[str, Any]] = self._worker.request(
-            "step", action, operation="step", timeout=self.step_timeout
-        )
-        return result
-
-    def render(self) -> RenderFrame | list[RenderFrame] | None:
-        """Renders the env in the worker, within ``step_timeout``."""
-        frame: RenderFrame | list[RenderFrame] | None = self._worker.request(
-            "render", None, operation="render", timeout=self.step_timeout
-        )
-        return frame
+    def _request(self, command: str, payload: Any, *, operation: str, timeout: float | None) -> Any:
+        return self._worker.request(command, payload, operation=operation, timeout=timeout)
 
     def close(self) -> None:
         """Closes the env and ends the worker (see :meth:`_Worker.close`); later calls do nothing."""
         self._finalizer.detach()
         self._worker.close()
-
-    def _remote_attr(self, name: str, *, on_unwrapped: bool = False) -> Any:
-        return self._worker.request(
-            "getattr", (name, on_unwrapped), operation=f"read {name}", timeout=self.step_timeout
-        )
-
-    def _set_remote_attr(self, name: str, value: Any, *, on_unwrapped: bool = False) -> None:
-        self._worker.request(
-            "setattr", (name, value, on_unwrapped), operation=f"set {name}", timeout=self.step_timeout
-        )
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        """The env's random generator, read from the worker (a copy: setting it sends one there)."""
-        generator: np.random.Generator = self._remote_attr("np_random")
-        return generator
-
-    @np_random.setter
-    def np_random(self, value: np.random.Generator) -> None:
-        self._set_remote_attr("np_random", value)
-
-    @property
-    def np_random_seed(self) -> int:
-        """The seed of the env's random generator, read from the worker."""
-        seed: int = self._remote_attr("np_random_seed")
-        return seed
-
-    # check_env reads the private generator of ``unwrapped``, which for an isolated env is this object.
-    @property
-    def _np_random(self) -> np.random.Generator | None:
-        generator: np.random.Generator | None = self._remote_attr("_np_random", on_unwrapped=True)
-        return generator
-
-    @_np_random.setter
-    def _np_random(self, value: np.random.Generator | None) -> None:
-        self._set_remote_attr("_np_random", value, on_unwrapped=True)
 
     def __repr__(self) -> str:
         return f"<IsolatedEnv{getattr(self, '_name', '')} pid={self.pid}>"

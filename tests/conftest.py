@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from ray_fixtures import ray_cluster  # noqa: F401 (a fixture: pytest finds it by name here)
 
 from gym_resilience.cache import CACHE_ENV_VAR
+from gym_resilience.engines.local import make_vllm_engine
 from gym_resilience.engines.vllm import VLLMEngine
+from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.models import build_tiny_model
 
 # Before any test reads it: a project-local cache unless the caller (tox, CI) chose one. The tiny
@@ -29,11 +32,13 @@ def tiny_model() -> Path:
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def vllm_engine(tiny_model: Path) -> AsyncIterator[VLLMEngine]:
-    """One real in-process vLLM engine on the tiny model for the whole session (15-35 s to start).
+async def vllm_engine(tiny_model: Path) -> AsyncIterator[InProcessVLLMEngine | VLLMEngine]:
+    """One real vLLM engine on the tiny model for the whole session, the one ``make_vllm_engine``
+    picks: on CPU the in-process engine (about 8 s to start warm, vLLM's async engine about 30 s).
 
     It runs in the session event loop, which the async tests share (pyproject sets both default loop
-    scopes to ``session``), and is shut down when the session ends.
+    scopes to ``session``), and is shut down when the session ends. Tests of the async engine itself
+    start theirs in ``test_vllm_engine.py``.
     """
-    async with VLLMEngine(tiny_model) as engine:
+    async with make_vllm_engine(tiny_model) as engine:
         yield engine

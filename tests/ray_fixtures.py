@@ -1,0 +1,40 @@
+"""The session's Ray cluster: three real nodes on 127.0.0.1, inside a loopback-only network namespace.
+
+One cluster serves every test that asks for ``ray_cluster`` (starting one takes 10-20 s on a two-core
+machine). The fixture moves the main thread into the namespace before it starts the cluster and connects
+this process as its driver, so that Ray's threads and the runner's thread pools, created afterwards, are
+in it too; it returns the thread to the namespace it came from when the session ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.cluster import LocalCluster
+
+CLUSTER_NODES = 3
+# The network namespace this process started in, opened before any fixture moves the main thread: tests of
+# the namespaces themselves run from it, whichever tests ran before them.
+ORIGIN_NAMESPACE = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[LocalCluster]:
+    """A running 3-node cluster (one CPU per node) that this process is connected to as its driver."""
+    # Imported here: ray takes a second to import, and most test runs never start a cluster.
+    from harness.cluster import LocalCluster
+    from harness.netns import loopback_namespace
+
+    # Actors import the envs of the tests by reference (cloudpickle), from this folder.
+    environment = {
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    }
+    with loopback_namespace(), LocalCluster(CLUSTER_NODES, environment=environment) as cluster:
+        yield cluster

@@ -1,0 +1,425 @@
+"""The Ray env backend on a real 3-node Ray cluster (``ray_cluster``): real actors, real kills, a real node
+removed mid-batch.
+
+Ray's GCS records every actor's end, so each test checks that the actors it made are dead afterwards
+(Ray applies a kill asynchronously: the check waits for it, within a generous bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import pytest
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from worker_envs import hang, raise_unpicklable, raise_value_error
+
+from gym_resilience import (
+    BatchRunner,
+    DependencyNotInstalledError,
+    EnvClosedError,
+    EnvStepError,
+    EnvTimeoutError,
+    EnvWorkerDiedError,
+    ResilientEnv,
+    RetryPolicy,
+    RunnerConfig,
+    Task,
+    UnpicklableEnvError,
+    UnsupportedConfigError,
+    validate_batch_output,
+    without_timings,
+)
+from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.errors import is_transient
+from gym_resilience.isolation import StartAbort
+from gym_resilience.ray_env import RayEnv
+from gym_resilience.task_gen import generate_tasks, word_game_factory
+from gym_resilience.testing import ScriptableEnv, echo_step
+from harness.cluster import LocalCluster
+from harness.netns import in_loopback_namespace
+
+pytestmark = pytest.mark.slow
+
+HOST = "_EnvHost"  # the class of an env's actor
+ROOT = Path(__file__).resolve().parent.parent
+GIVE_UP_S = 60.0  # a bound that proves something ends, never a speed check
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + GIVE_UP_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {GIVE_UP_S:g} s: {what}")
+        time.sleep(0.05)
+
+
+def assert_dead(cluster: LocalCluster, *actor_ids: str) -> None:
+    wait_until(lambda: not cluster.alive_actors(HOST) & set(actor_ids), f"actors {actor_ids} dead")
+
+
+def assert_no_env_actor_alive(cluster: LocalCluster) -> None:
+    wait_until(lambda: not cluster.alive_actors(HOST), "every env actor dead")
+
+
+def record_close(path: str, env: ScriptableEnv) -> None:
+    with open(path, "a", encoding="utf-8") as file:
+        file.write("closed\n")
+
+
+def sleep_forever() -> gymnasium.Env[Any, Any]:
+    time.sleep(10**6)
+    raise AssertionError("unreachable")
+
+
+def raise_in_factory() -> gymnasium.Env[Any, Any]:
+    raise LookupError("no such sandbox image")
+
+
+def hang_in_reset(env: ScriptableEnv, seed: int | None, options: Any) -> Any:
+    return hang()
+
+
+# --- one env in an actor ---------------------------------------------------------------------------------
+
+
+def test_a_ray_env_runs_a_real_gymnasium_env_in_an_actor_on_a_node_of_the_cluster(
+    ray_cluster: LocalCluster,
+) -> None:
+    env = RayEnv(functools.partial(gymnasium.make, "CartPole-v1"))
+    try:
+        local = gymnasium.make("CartPole-v1")
+        assert env.node_id in {ray_cluster.head_node_id, *ray_cluster.worker_node_ids()}
+        assert (env.observation_space, env.action_space, env.spec) == (
+            local.observation_space,
+            local.action_space,
+            local.spec,
+        )
+        observation, _ = env.reset(seed=3)
+        assert observation.tolist() == local.reset(seed=3)[0].tolist()
+        assert env.step(1)[1:3] == local.step(1)[1:3]
+        assert env.unwrapped is env
+        assert repr(env).endswith(f"actor={env.actor_id} node={env.node_id}>")
+    finally:
+        env.close()
+    assert env.closed and env.lost is None
+    assert_dead(ray_cluster, env.actor_id)
+
+
+def test_close_closes_the_env_once_then_kills_its_actor(ray_cluster: LocalCluster, tmp_path: Path) -> None:
+    marker = tmp_path / "closes"
+    env = RayEnv(functools.partial(ScriptableEnv, close=functools.partial(record_close, str(marker))))
+    env.reset()
+    env.close()
+    env.close()
+    assert marker.read_text() == "closed\n"
+    assert_dead(ray_cluster, env.actor_id)
+    with pytest.raises(EnvClosedError, match=r"^cannot step: the env is closed$"):
+        env.step("after close")
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "raised"), [(raise_value_error, ValueError), (raise_unpicklable, UnpicklableEnvError)]
+)
+def test_the_envs_own_exception_reaches_resilient_env_as_itself_and_the_actor_is_killed(
+    ray_cluster: LocalCluster, behaviour: Any, raised: type[Exception]
+) -> None:
+    inner = RayEnv(functools.partial(ScriptableEnv, step=behaviour))
+    env = ResilientEnv(inner)
+    env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step("e4")
+    cause = caught.value.__cause__
+    assert type(cause) is raised
+    assert f"raised in the env's Ray actor {inner.actor_id} on node {inner.node_id}:" in cause.__notes__[0]
+    assert env.closed and inner.closed and inner.lost is None
+    assert_dead(ray_cluster, inner.actor_id)
+
+
+def test_what_the_factory_raises_is_raised_as_itself_and_leaves_no_actor(ray_cluster: LocalCluster) -> None:
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    with pytest.raises(LookupError) as caught:
+        RayEnv(raise_in_factory)
+    assert str(caught.value) == "no such sandbox image"
+    made = {record.actor_id for record in ray_cluster.actors(HOST)} - before
+    assert len(made) == 1
+    assert_dead(ray_cluster, *made)
+
+
+@pytest.mark.parametrize("operation", ["start", "reset", "step"])
+def test_a_call_past_its_deadline_kills_the_actor_and_raises_env_timeout_error(
+    ray_cluster: LocalCluster, operation: str
+) -> None:
+    deadlines = {"start": "start_timeout", "reset": "reset_timeout", "step": "step_timeout"}
+    env_fn: Callable[[], gymnasium.Env[Any, Any]] = {
+        "start": sleep_forever,
+        "reset": functools.partial(ScriptableEnv, reset=hang_in_reset),
+        "step": functools.partial(ScriptableEnv, step=hang),
+    }[operation]
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    with pytest.raises(EnvTimeoutError) as caught:
+        env = RayEnv(env_fn, **{deadlines[operation]: 1.0})
+        env.reset()
+        env.step("x")
+    assert str(caught.value) == f"env {operation} exceeded its 1 s deadline"
+    made = {record.actor_id for record in ray_cluster.actors(HOST)} - before
+    assert len(made) == 1
+    assert_dead(ray_cluster, *made)
+
+
+def test_an_actor_killed_from_outside_raises_env_worker_died_error_naming_its_node(
+    ray_cluster: LocalCluster,
+) -> None:
+    env = RayEnv(ScriptableEnv, name="gym-resilience-test-victim")
+    env.reset()
+    ray.kill(ray.get_actor("gym-resilience-test-victim"))
+    with pytest.raises(EnvWorkerDiedError) as caught:
+        env.step("x")
+    error = caught.value
+    assert (error.operation, error.actor_id, error.node_id, error.exitcode) == (
+        "step",
+        env.actor_id,
+        env.node_id,
+        None,
+    )
+    assert str(error).startswith(f"env actor {env.actor_id} on node {env.node_id} died during step: ")
+    assert isinstance(error.__cause__, ray.exceptions.RayActorError)
+    assert env.lost is error and env.closed
+    # Transient exactly as a dead worker process is (not by default), and retried when asked.
+    assert not is_transient(error) and not is_transient(EnvWorkerDiedError(operation="step", exitcode=-9))
+    assert RetryPolicy(retry_on=(EnvWorkerDiedError,)).is_retryable(error)
+    restored = pickle.loads(pickle.dumps(error))
+    assert (restored.node_id, restored.actor_id, str(restored)) == (error.node_id, error.actor_id, str(error))
+    env.close()  # lost: nothing to close, nothing raised
+
+
+def test_an_abort_kills_an_env_still_starting(ray_cluster: LocalCluster) -> None:
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    abort = StartAbort()
+    timer = threading.Timer(1.0, abort.abort)
+    timer.start()
+    try:
+        with pytest.raises(EnvClosedError, match=r"^cannot start: the env is closed$"):
+            RayEnv(sleep_forever, abort=abort)
+    finally:
+        timer.cancel()
+    made = {record.actor_id for record in ray_cluster.actors(HOST)} - before
+    assert len(made) == 1
+    assert_dead(ray_cluster, *made)
+
+
+def test_node_affinity_in_actor_options_pins_each_env_to_its_node(ray_cluster: LocalCluster) -> None:
+    envs = [
+        RayEnv(
+            ScriptableEnv,
+            actor_options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)},
+        )
+        for node_id in ray_cluster.worker_node_ids()
+    ]
+    for env in envs:
+        env.close()
+    assert [env.node_id for env in envs] == ray_cluster.worker_node_ids()
+
+
+# --- batches ---------------------------------------------------------------------------------------------
+
+
+async def test_a_batch_on_ray_runs_real_envs_on_the_node_its_actor_options_pin(
+    ray_cluster: LocalCluster,
+) -> None:
+    node_id = ray_cluster.worker_node_ids()[-1]
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    config = RunnerConfig(
+        max_turns=2,
+        env_backend="ray",
+        env_actor_options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)},
+        env_step_timeout_s=30.0,
+    )
+    tasks = generate_tasks(4, seed=0, max_turns=2)
+    result = await BatchRunner(ScriptedEngine(), word_game_factory, config).generate(tasks)
+    threaded = await BatchRunner(ScriptedEngine(), word_game_factory, RunnerConfig(max_turns=2)).generate(
+        tasks
+    )
+    # The same episodes as in threads, token for token.
+    assert [without_timings(t) for t in result.trajectories] == [
+        without_timings(t) for t in threaded.trajectories
+    ]
+    validate_batch_output(result.output, len(tasks))
+    made = [record for record in ray_cluster.actors(HOST) if record.actor_id not in before]
+    assert [record.node_id for record in made] == [node_id] * len(tasks)
+    assert_dead(ray_cluster, *(record.actor_id for record in made))
+
+
+def failing_for_task_2(task: Task) -> ScriptableEnv:
+    return ScriptableEnv(step=raise_value_error if task.instance_id == "t2" else echo_step)
+
+
+def plain_tasks(n: int) -> list[Task]:
+    return [Task(prompt=[{"role": "user", "content": f"task {i}"}], instance_id=f"t{i}") for i in range(n)]
+
+
+async def test_a_failed_batch_leaves_no_env_actor_alive(ray_cluster: LocalCluster) -> None:
+    config = RunnerConfig(max_turns=2, env_backend="ray")
+    with pytest.raises(EnvStepError):
+        await BatchRunner(ScriptedEngine(delay_s=0.2), failing_for_task_2, config).generate(plain_tasks(4))
+    assert_no_env_actor_alive(ray_cluster)
+
+
+def slow_env(task: Task) -> ScriptableEnv:
+    return ScriptableEnv(step=slow_echo)
+
+
+def slow_echo(env: ScriptableEnv, action: Any) -> Any:
+    time.sleep(0.5)
+    return echo_step(env, action)
+
+
+async def test_a_batch_cancelled_mid_flight_leaves_no_env_actor_alive(ray_cluster: LocalCluster) -> None:
+    config = RunnerConfig(max_turns=20, env_backend="ray")
+    batch = asyncio.ensure_future(BatchRunner(ScriptedEngine(), slow_env, config).generate(plain_tasks(4)))
+    await asyncio.to_thread(wait_until, lambda: len(ray_cluster.alive_actors(HOST)) >= 2, "envs started")
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert_no_env_actor_alive(ray_cluster)
+
+
+async def test_a_worker_node_removed_mid_batch_costs_no_rollout_and_leaves_no_actor(
+    ray_cluster: LocalCluster,
+) -> None:
+    victim = ray_cluster.worker_node_ids()[0]
+    config = RunnerConfig(
+        skip_failed_rollouts=True,
+        max_turns=6,
+        env_backend="ray",
+        env_actor_options={"scheduling_strategy": "SPREAD"},
+        retry=RetryPolicy(attempts=3, initial_delay_s=0.0, jitter_s=0.1, retry_on=(EnvWorkerDiedError,)),
+    )
+    tasks = plain_tasks(32)
+    batch = asyncio.ensure_future(BatchRunner(ScriptedEngine(), slow_env, config).generate(tasks))
+
+    def on_victim() -> int:
+        return sum(r.node_id == victim and r.state == "ALIVE" for r in ray_cluster.actors(HOST))
+
+    try:
+        await asyncio.to_thread(wait_until, lambda: on_victim() >= 3, "envs running on the victim node")
+        # A thread made now, in this thread's namespace (a pool's older threads may not be in it).
+        remover = threading.Thread(target=ray_cluster.remove_node, args=(victim,))
+        remover.start()
+        await asyncio.to_thread(remover.join)
+        result = await asyncio.wait_for(batch, timeout=GIVE_UP_S * 3)
+    finally:
+        if victim not in ray_cluster.worker_node_ids():
+            ray_cluster.add_node()  # the next tests get three nodes again
+    assert len(result.trajectories) == len(tasks)
+    validate_batch_output(result.output, len(tasks))
+    assert result.metrics["retries/rollouts"] >= 1  # the removal did hit rollouts in flight
+    for failure in result.failures:
+        assert isinstance(failure.exception, EnvWorkerDiedError)
+        assert victim in str(failure.exception)
+    assert_no_env_actor_alive(ray_cluster)
+
+
+# --- the cluster stays on loopback -----------------------------------------------------------------------
+
+
+def test_every_socket_the_cluster_listens_on_is_loopback_inside_a_namespace_with_only_lo(
+    ray_cluster: LocalCluster,
+) -> None:
+    assert in_loopback_namespace()
+    addresses = ray_cluster.listening_addresses()
+    assert addresses  # the GCS and the raylets at least
+    for ip, _ in addresses:
+        address = ipaddress.ip_address(ip)
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        assert (mapped or address).is_loopback, ip
+    ours = os.stat("/proc/thread-self/ns/net").st_ino
+    assert {os.stat(f"/proc/{p.pid}/ns/net").st_ino for p in ray_cluster.processes()} == {ours}
+
+
+# --- configuration ---------------------------------------------------------------------------------------
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_ray_env_in_a_process_not_connected_to_ray_says_to_call_ray_init() -> None:
+    result = run_python("from gym_resilience.ray_env import RayEnv; RayEnv(dict)")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "gym_resilience.errors.UnsupportedConfigError: env_backend: Ray envs run on the Ray cluster this "
+        "process is connected to, and it is connected to none: call ray.init(address=...) first "
+        "(gym_resilience never starts a cluster)"
+    )
+
+
+def test_the_ray_backend_without_ray_installed_names_the_extra_that_installs_it() -> None:
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from gym_resilience import RunnerConfig\n"
+        "RunnerConfig(env_backend='ray')"
+    )
+    result = run_python(code)
+    assert result.stderr.strip().splitlines()[-1] == (
+        "gym_resilience.errors.DependencyNotInstalledError: ray is not installed; install it with: "
+        "pip install 'gym-resilience[ray]'"
+    )
+    assert issubclass(DependencyNotInstalledError, ImportError)
+
+
+def test_isolate_envs_is_the_process_backend_and_conflicts_with_ray() -> None:
+    assert RunnerConfig(isolate_envs=True).env_backend == "process"
+    with pytest.raises(UnsupportedConfigError, match=r"^isolate_envs: isolate_envs=True means env_backend="):
+        RunnerConfig(isolate_envs=True, env_backend="ray")
+
+
+def test_env_deadlines_are_accepted_with_the_ray_backend_and_refused_with_threads() -> None:
+    assert RunnerConfig(env_backend="ray", env_step_timeout_s=1.0).env_step_timeout_s == 1.0
+    with pytest.raises(UnsupportedConfigError, match=r"^env_step_timeout_s: needs isolate_envs=True"):
+        RunnerConfig(env_step_timeout_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"env_backend": "gpu"}, "runner.env_backend: expected one of 'thread', 'process', 'ray', got 'gpu'"),
+        (
+            {"env_actor_options": {"num_cpus": 1}},
+            "runner.env_actor_options: needs env_backend='ray' (actor options place Ray actors), "
+            "got 'thread'",
+        ),
+        (
+            {"env_backend": "ray", "env_actor_options": {"max_restarts": 2}},
+            "runner.env_actor_options: max_restarts must be 0: an env's state dies with its actor, so a "
+            "restarted actor would continue an episode on a fresh env, got 2",
+        ),
+        (
+            {"env_backend": "ray", "env_actor_options": [1]},
+            "runner.env_actor_options: expected a mapping or null, got a list",
+        ),
+    ],
+)
+def test_from_mapping_checks_the_env_backend_and_its_actor_options(
+    mapping: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UnsupportedConfigError) as caught:
+        RunnerConfig.from_mapping(mapping)
+    assert str(caught.value) == message
+
+
+def test_from_mapping_reads_the_ray_backend_and_its_actor_options() -> None:
+    config = RunnerConfig.from_mapping({"env_backend": "ray", "env_actor_options": {"num_cpus": 0.5}})
+    assert (config.env_backend, config.env_actor_options) == ("ray", {"num_cpus": 0.5})
