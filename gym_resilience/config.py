@@ -182,8 +182,9 @@ class RunnerConfig:
         needs_isolation = [option for option in env_deadlines if getattr(self, option) is not None]
         if self.env_backend == "thread" and needs_isolation:
             raise UnsupportedConfigError(
-                "needs isolate_envs=True: a thread stuck in an env cannot be stopped, so a deadline "
-                "without a process to kill would not be a deadline",
+                "needs env_backend='process' or 'ray' (isolate_envs=True is 'process'): a thread stuck "
+                "in an env cannot be stopped, so a deadline without a process to kill would not be a "
+                "deadline",
                 option=needs_isolation[0],
             )
         if self.max_failed_fraction is not None:

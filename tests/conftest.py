@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from ray_fixtures import ray_cluster  # noqa: F401 (a fixture: pytest finds it by name here)
+from ray_fixtures import ray_cluster, run_cluster_tests_last  # noqa: F401 (a fixture: pytest finds it by name here)
 
 from gym_resilience.cache import CACHE_ENV_VAR
 from gym_resilience.engines.local import make_vllm_engine
@@ -42,3 +42,7 @@ async def vllm_engine(tiny_model: Path) -> AsyncIterator[InProcessVLLMEngine | V
     """
     async with make_vllm_engine(tiny_model) as engine:
         yield engine
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_cluster_tests_last(items)

@@ -38,3 +38,13 @@ def ray_cluster() -> Iterator[LocalCluster]:
     }
     with loopback_namespace(), LocalCluster(CLUSTER_NODES, environment=environment) as cluster:
         yield cluster
+
+
+def run_cluster_tests_last(items: list[pytest.Item]) -> None:
+    """Move the tests that use the cluster to the end of the run, keeping their order.
+
+    Once the cluster started, the main thread stays in its loopback-only namespace (Ray's driver lives
+    there): a later test's listener on 127.0.0.1 would be out of reach of a worker process forked
+    from outside it. Running the cluster's tests last keeps every other test in the namespace it began in.
+    """
+    items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))

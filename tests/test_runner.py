@@ -325,7 +325,9 @@ async def test_more_failures_than_the_budget_raise_with_every_failure_attached()
 
 
 def test_env_deadlines_without_isolation_are_rejected() -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"^env_step_timeout_s: needs isolate_envs=True"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^env_step_timeout_s: needs env_backend='process' or 'ray'"
+    ):
         RunnerConfig(env_step_timeout_s=1.0)
 
 

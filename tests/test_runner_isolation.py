@@ -33,5 +33,7 @@ async def test_a_hung_env_in_a_batch_of_16_is_killed_and_becomes_a_placeholder()
 def test_env_deadlines_need_isolation_at_construction() -> None:
     from gym_resilience import UnsupportedConfigError
 
-    with pytest.raises(UnsupportedConfigError, match=r"^env_step_timeout_s: needs isolate_envs=True"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^env_step_timeout_s: needs env_backend='process' or 'ray'"
+    ):
         RunnerConfig(skip_failed_rollouts=True, env_step_timeout_s=DEADLINE_S)

@@ -496,8 +496,9 @@ def test_model_errors_become_one_located_message(text: str, message: str) -> Non
         ("title: t\nrunner:\n  top_p: 0\n", "s.yaml:3 at runner.top_p: must be in (0, 1], got 0.0"),
         (
             "title: t\nrunner:\n  env_step_timeout_s: 1\n",
-            "s.yaml:3 at runner.env_step_timeout_s: needs isolate_envs=True: a thread stuck in an env "
-            "cannot be stopped, so a deadline without a process to kill would not be a deadline",
+            "s.yaml:3 at runner.env_step_timeout_s: needs env_backend='process' or 'ray' (isolate_envs=True "
+            "is 'process'): a thread stuck in an env cannot be stopped, so a deadline without a process to "
+            "kill would not be a deadline",
         ),
         (
             "title: t\nrunner:\n  retry: 3\n",

@@ -167,7 +167,9 @@ async def test_an_isolated_step_stuck_without_a_step_deadline_is_killed_when_its
 
 
 def test_an_env_create_deadline_needs_isolation_at_construction() -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"^env_create_timeout_s: needs isolate_envs=True"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^env_create_timeout_s: needs env_backend='process' or 'ray'"
+    ):
         RunnerConfig(env_create_timeout_s=1.0)
 
 
