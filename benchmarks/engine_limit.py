@@ -13,8 +13,10 @@ these machines are noisy; the load average is printed with each round.
     env step with the others' generation. Its limit is modelled as: the offline engine generating the
     same per-turn inputs (read off the runner's own trajectories), one batch per turn, plus the one env
     step that nothing can overlap (the last turn's); a turn-synchronous loop would add 20 ms per turn.
-(c) Start and shutdown of each engine configuration, after vLLM is imported (printed once): the
-    in-process engines itemised from vLLM's own log lines.
+(c) Start and shutdown of each engine configuration, after vLLM and its engine modules are imported
+    (timed once, printed on its own: every process pays it once; the async engine's core process pays
+    it again at each start). Rounds rotate the order; the in-process engines are itemised from vLLM's
+    own log lines.
 
 Intra-op threads: every side steps with the same count (``--threads``, default 1; 0 leaves torch's
 default). Set per thread for the in-process sides, through OMP_NUM_THREADS for the async engine's child.
@@ -44,12 +46,13 @@ from gymnasium import spaces
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gym_resilience import BatchRunner, RunnerConfig, Task
-from gym_resilience.agent_loop import ChatCodec
 from gym_resilience.cache import cache_dir
 from gym_resilience.engines import Sampling
-from gym_resilience.engines.vllm import VLLMEngine, engine_arguments, vllm_environment
+from gym_resilience.engines.vllm import VLLMEngine
+from gym_resilience.engines.vllm_args import VLLMArgs, set_vllm_environment
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.models import build_tiny_model
+from gym_resilience.rollout import ChatCodec
 from gym_resilience.trajectories import Trajectory
 
 TASKS = 64
@@ -131,15 +134,7 @@ class Offline:
     def __init__(self, model_dir: Path, threads: int, **extra: Any) -> None:
         from vllm import LLM
 
-        arguments = engine_arguments(
-            model_dir,
-            on_cpu=True,
-            max_model_len=512,
-            seed=0,
-            kv_cache_memory_bytes=None,
-            max_num_seqs=None,
-            extra=extra,
-        )
+        arguments = VLLMArgs(model_dir, extra=extra).to_vllm(on_cpu=True)
         arguments.pop("enable_log_requests", None)
         self.llm = LLM(**arguments)
         self.threads = threads
@@ -258,6 +253,7 @@ async def compare(
             "offline LLM.generate": offline_single,
             "runner, in-process engine": runner(thread_engine, single, one_turn),
             "gather, in-process engine": gather(thread_engine),
+            "runner, in-process, eager": runner(eager_engine, single, one_turn),
             "gather, in-process, eager": gather(eager_engine),
             "runner, async engine": runner(async_engine, single, one_turn),
             "gather, async engine": gather(async_engine),
@@ -265,6 +261,7 @@ async def compare(
         "multi": {
             "offline per turn + 20 ms": offline_turns,
             "runner, in-process engine": runner(thread_engine, multi, three_turns),
+            "runner, in-process, eager": runner(eager_engine, multi, three_turns),
             "runner, async engine": runner(async_engine, multi, three_turns),
         },
     }
@@ -331,9 +328,12 @@ def phases(lines: list[str]) -> str:
 
 async def startup(model_dir: Path, rounds: int, threads: int) -> None:
     start = time.perf_counter()
-    import vllm  # noqa: F401  (imported once per process: timed on its own)
+    # Imported once per process: timed on their own, so that no configuration's first start pays them.
+    import vllm  # noqa: F401
+    from vllm import AsyncLLMEngine, EngineArgs  # noqa: F401
+    from vllm.v1.engine.llm_engine import LLMEngine  # noqa: F401
 
-    print(f"(c) import vllm {time.perf_counter() - start:.1f} s (load {load()})")
+    print(f"(c) import vllm and its engines {time.perf_counter() - start:.1f} s (load {load()})")
     configurations: dict[str, Callable[[], Any]] = {
         "async engine": lambda: VLLMEngine(model_dir),
         "async engine, eager": lambda: VLLMEngine(model_dir, enforce_eager=True),
@@ -344,8 +344,10 @@ async def startup(model_dir: Path, rounds: int, threads: int) -> None:
     }
     times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in configurations}
     for round_index in range(rounds):
-        for name, make in configurations.items():
-            engine = make()
+        names = list(configurations)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            engine = configurations[name]()
             with vllm_log_lines() as lines, omp_threads(threads):
                 began = time.perf_counter()
                 await engine.start()
@@ -373,8 +375,7 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads on every side; 0: torch's")
     parser.add_argument("--startup-rounds", type=int, default=1, help="0 skips part (c)")
     args = parser.parse_args()
-    for name, value in vllm_environment(cache_dir()).items():
-        os.environ.setdefault(name, value)
+    set_vllm_environment(cache_dir())
     model_dir = build_tiny_model()
     print(f"load average at start {load()} ({os.cpu_count()} cores), threads {args.threads or 'default'}")
     if args.startup_rounds:

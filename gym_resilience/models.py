@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_resilience.cache import cache_dir
-from gym_resilience.engines.vllm import check_torch_extensions
+from gym_resilience.engines.vllm_common import check_torch_extensions
 
 __all__ = [
     "TINY_MODEL_RECIPE",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doubles import EnvLedger, factory, tasks
+from doubles import EnvCounts, factory, tasks
 
 from gym_resilience import (
     BatchRunner,
@@ -21,9 +21,9 @@ from gym_resilience import (
     Trajectory,
     UnsupportedConfigError,
 )
-from gym_resilience.agent_loop import _CURRENT, Progress
 from gym_resilience.engines.base import Generation, Sampling
 from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.rollout.progress import _CURRENT, Progress
 from gym_resilience.task_gen import generate_tasks, word_game_factory
 from gym_resilience.tasks import Task
 from gym_resilience.testing import ScriptableEnv
@@ -74,13 +74,13 @@ async def run_batch(
     config: RunnerConfig,
     *,
     n: int = 4,
-    ledger: EnvLedger | None = None,
+    ledger: EnvCounts | None = None,
     engine: Any = None,
     spans: SpanLog | None = None,
 ) -> Any:
     batch = tasks(n)
     env_factory = FaultyEnvFactory(
-        factory(ledger or EnvLedger()), plan, {t.instance_id: i for i, t in enumerate(batch)}, spans=spans
+        factory(ledger or EnvCounts()), plan, {t.instance_id: i for i, t in enumerate(batch)}, spans=spans
     )
     return await BatchRunner(engine or ScriptedEngine(), env_factory, config).generate(batch)
 
@@ -300,7 +300,7 @@ async def test_an_env_raise_fault_fails_the_targeted_rollout_at_its_turn_and_onl
     plan = make_plan(
         tmp_path, env_fault(exception="ConnectionResetError", when={"rollouts": [1], "turns": [1]})
     )
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     result = await run_batch(plan, RunnerConfig(skip_failed_rollouts=True, max_turns=3), ledger=ledger)
     [failure] = result.failures
     assert (failure.rollout_index, failure.phase, failure.turn) == (1, "step", 1)
@@ -311,7 +311,7 @@ async def test_an_env_raise_fault_fails_the_targeted_rollout_at_its_turn_and_onl
     assert [(f.rollout, f.attempt, f.turn, f.detail) for f in read_firings(plan.log_path)] == [
         (1, 0, 1, "step raised ConnectionResetError: injected fault")
     ]
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0
 
 
 async def test_with_no_fault_firing_a_batch_through_the_wrappers_equals_the_plain_batch(
@@ -342,7 +342,7 @@ async def test_an_interrupt_fault_propagates_keyboard_interrupt_and_every_env_is
     tmp_path: Path,
 ) -> None:
     plan = make_plan(tmp_path, env_fault("interrupt", when={"rollouts": [0], "turns": [1]}))
-    ledger = EnvLedger()
+    ledger = EnvCounts()
     with pytest.raises(KeyboardInterrupt, match=r"^injected fault$"):
         await run_batch(
             plan,
@@ -350,7 +350,7 @@ async def test_an_interrupt_fault_propagates_keyboard_interrupt_and_every_env_is
             ledger=ledger,
             engine=ScriptedEngine(delay_s=0.01),
         )
-    assert ledger.open_envs() == 0
+    assert ledger.open == 0
     assert [f.detail for f in read_firings(plan.log_path)] == ["step interrupted"]
 
 

