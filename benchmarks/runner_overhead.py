@@ -121,10 +121,10 @@ async def scripted_overhead(rounds: int) -> None:
 
 
 async def vllm_throughput_and_goodput(rounds: int) -> None:
-    from gym_resilience.agent_loop import ChatCodec
     from gym_resilience.engines import Sampling
     from gym_resilience.engines.vllm import VLLMEngine
     from gym_resilience.models import build_tiny_model
+    from gym_resilience.rollout import ChatCodec
 
     async with VLLMEngine(build_tiny_model()) as engine:
         batch = make_tasks(64)

@@ -12,7 +12,6 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,7 @@ from gym_resilience.metrics import (
 )
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.retry import RetryPolicy
-from gym_resilience.rollout import ChatCodec, LateCloses, Progress, RolloutContext, run_agent_loop
+from gym_resilience.rollout import ChatCodec, EnvPool, LateCloses, Progress, RolloutContext, run_agent_loop
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     AnyTrajectory,
@@ -129,8 +128,8 @@ class BatchRunner:
             self._codec = ChatCodec(self.engine.tokenizer)
         codec = self._codec
         start = time.perf_counter()
-        executor = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="gym-resilience-env")
-        batch = _Batch(self, codec, executor)
+        pool = EnvPool(self.config.env_threads, name="gym-resilience-env")
+        batch = _Batch(self, codec, pool)
         try:
             outcomes = await _Supervisor(jobs, batch.rollout, self.config.max_concurrency or len(jobs)).run()
             failures = [o for o in outcomes if isinstance(o, FailedRollout)]
@@ -140,8 +139,8 @@ class BatchRunner:
             raise
         finally:
             # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
-            # closes still run (cancel_futures=False), so a stuck env is closed once its call returns.
-            executor.shutdown(wait=False)
+            # closes still run, so a stuck env is closed once its call returns.
+            pool.shutdown()
         metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=batch.attempts)
         metrics["envs_closed_late"] = float(batch.late.count)
         trajectories = substitute_placeholders(
@@ -226,12 +225,12 @@ class _Supervisor:
 class _Batch:
     """The parts one ``generate`` call shares among its rollouts, and how it runs one of them."""
 
-    def __init__(self, runner: BatchRunner, codec: ChatCodec, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, runner: BatchRunner, codec: ChatCodec, pool: EnvPool) -> None:
         self.engine = runner.engine
         self.env_factory = runner.env_factory
         self.config = runner.config
         self.codec = codec
-        self.executor = executor
+        self.pool = pool
         self.late = LateCloses(self.config.close_timeout_s)
         self.attempts: dict[int, int] = {}
 
@@ -241,7 +240,7 @@ class _Batch:
             codec=self.codec,
             env_factory=self.env_factory,
             config=self.config,
-            executor=self.executor,
+            pool=self.pool,
             late=self.late,
             task=job.task,
             trajectory_id=job.trajectory_id,
@@ -291,6 +290,8 @@ class _Batch:
     async def _attempt(self, context: RolloutContext) -> AnyTrajectory:
         """One attempt at a rollout, from a fresh env, under the rollout deadline."""
         timeout_s = self.config.rollout_timeout_s
+        if timeout_s is None:  # no deadline to keep: spare the cost of a timeout scope
+            return await run_agent_loop(context)
         progress = context.progress
         try:
             async with asyncio.timeout(timeout_s) as deadline:

@@ -283,14 +283,17 @@ async def test_a_non_transient_failure_is_not_retried() -> None:
 
 
 async def test_a_generation_past_its_deadline_is_aborted_and_becomes_a_placeholder() -> None:
+    from gym_resilience import current_rollout
     from gym_resilience.engines.scripted import echo_script
 
-    async def stuck_on_first_call(prompt_ids, sampling, call_index):
-        if call_index == 0:
+    # Rollout 0 by identity: env threads finish in any order, so call 0 may be another rollout's.
+    async def stuck_in_rollout_0(prompt_ids, sampling, call_index):
+        rollout = current_rollout()
+        if rollout is not None and rollout.rollout_index == 0:
             await asyncio.sleep(3600)
         return echo_script(prompt_ids, sampling, call_index)
 
-    engine = ScriptedEngine(script=stuck_on_first_call)
+    engine = ScriptedEngine(script=stuck_in_rollout_0)
     config = RunnerConfig(skip_failed_rollouts=True, generation_timeout_s=0.2)
     result = await run(config, EnvCounts(), engine=engine, n=3)
     failure = result.failures[0]

@@ -4,6 +4,7 @@
 - :mod:`~gym_resilience.rollout.checks`: an env's step result checked before use.
 - :mod:`~gym_resilience.rollout.progress`: where a rollout is (``Progress``), and ``current_rollout()``.
 - :mod:`~gym_resilience.rollout.context`: ``RolloutContext``, what one attempt runs with.
+- :mod:`~gym_resilience.rollout.pool`: the threads that run env calls (``EnvPool``).
 - :mod:`~gym_resilience.rollout.env_calls`: the env built, called and closed in the pool (``LateCloses``).
 - :mod:`~gym_resilience.rollout.loop`: the turn loop and the trajectory (``run_agent_loop``).
 """
@@ -13,11 +14,13 @@ from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.context import RolloutContext
 from gym_resilience.rollout.env_calls import LateCloses
 from gym_resilience.rollout.loop import run_agent_loop
+from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress, current_rollout, rollout_headers
 
 __all__ = [
     "ChatCodec",
     "EnvFactory",
+    "EnvPool",
     "LateCloses",
     "Progress",
     "RolloutContext",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ from gym_resilience.env_backends import EnvFactory, make_env
 from gym_resilience.isolation import StartAbort
 from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.env_calls import LateCloses
+from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import TrajectoryId
@@ -31,7 +31,7 @@ class RolloutContext:
     codec: ChatCodec
     env_factory: EnvFactory
     config: RunnerConfig
-    executor: Executor
+    pool: EnvPool
     late: LateCloses
     task: Task
     trajectory_id: TrajectoryId

@@ -8,12 +8,9 @@ is left to its thread, which closes the env when its call returns, and counted i
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,10 +18,11 @@ from gym_resilience.cleanup import wait_through_cancellation
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import describe_exception
 from gym_resilience.isolation import StartAbort
+from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.worker_env import WorkerEnv
 
-__all__ = ["EnvCalls", "LateCloses", "close_after_failure", "create_env"]
+__all__ = ["EnvCalls", "LateCloses", "Outcome", "close_after_failure", "open_env"]
 
 T = TypeVar("T")
 
@@ -66,29 +64,26 @@ class EnvCalls:
     beside a stuck call (it kills the worker, which ends that call), so it does not queue behind it.
     """
 
-    def __init__(self, executor: Executor, progress: Progress) -> None:
-        self._executor = executor
+    def __init__(self, pool: EnvPool, progress: Progress) -> None:
+        self._pool = pool
         self._progress = progress
         self._lock = threading.Lock()
 
-    def _locked(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        with self._lock:
-            return fn(*args, **kwargs)
-
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
         """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
-        return self._start(functools.partial(self._locked, fn, *args, **kwargs))
+        lock = self._lock
+
+        def locked() -> T:
+            with lock:
+                return fn(*args, **kwargs)
+
+        return self._pool.submit(locked)
 
     def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
         """Start closing ``env``: after its call in flight, or, for an isolated env, beside it."""
         if isinstance(env.unwrapped, WorkerEnv):
-            return self._start(env.close)
+            return self._pool.submit(env.close)
         return self.submit(env.close)
-
-    def _start(self, call: Callable[[], T]) -> asyncio.Future[T]:
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._executor, functools.partial(context.run, call))
 
     async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         start = time.perf_counter()
@@ -102,27 +97,59 @@ class _Abandoned(Exception):
     """The rollout stopped waiting for its env: the env was closed on arrival, or never built."""
 
 
+Reset = Callable[[ResilientEnv[Any, Any]], tuple[Any, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a call made in a pool thread ended, for the rollout to act on: its value or its exception."""
+
+    value: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _timed(fn: Callable[[], T]) -> Outcome:
+    start = time.perf_counter()
+    try:
+        value = fn()
+    except BaseException as exc:  # the rollout raises it, and closes the env, as for any env call
+        return Outcome(error=exc, seconds=time.perf_counter() - start)
+    return Outcome(value=value, seconds=time.perf_counter() - start)
+
+
 class _EnvBuild:
-    """An env built in a pool thread for a rollout that may stop waiting for it meanwhile.
+    """An env built (and reset) in a pool thread for a rollout that may stop waiting for it meanwhile.
 
     Whichever side comes last closes the env: the rollout if it got the env, else the thread that
     built it, once it finds the rollout gone. A worker still starting an isolated env is killed at once.
     """
 
-    def __init__(self, make: Callable[[StartAbort], ResilientEnv[Any, Any]]) -> None:
+    def __init__(self, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset) -> None:
         self._make = make
+        self._reset = reset
         self._abort = StartAbort()
         self._lock = threading.Lock()
         self._abandoned = False
 
-    def run(self) -> ResilientEnv[Any, Any]:
-        """Build the env (in the pool thread) and hand it over, or close it if the rollout left."""
+    def run(self) -> tuple[ResilientEnv[Any, Any], Outcome | None]:
+        """Build the env and reset it (in the pool thread), and hand both over, or close the env if the
+        rollout left. An isolated env is handed over unreset (None): its reset is a call of its own, so
+        that a rollout giving up can kill a stuck reset by closing the env beside it."""
         if self._abandoned:
             raise _Abandoned
         env = self._make(self._abort)
+        reset = None
+        if not self._abandoned and not isinstance(env.unwrapped, WorkerEnv):
+            reset = _timed(lambda: self._reset(env))
         with self._lock:
             if not self._abandoned:
-                return env
+                return env, reset
         env.close()
         raise _Abandoned
 
@@ -132,25 +159,27 @@ class _EnvBuild:
         self._abort.abort()
 
 
-async def create_env(
-    call: EnvCalls, make: Callable[[StartAbort], ResilientEnv[Any, Any]], late: LateCloses
-) -> ResilientEnv[Any, Any]:
-    """Build the env in its thread; a rollout cancelled meanwhile leaves it to be closed on arrival."""
-    build = _EnvBuild(make)
-    creating = call.submit(build.run)
+async def open_env(
+    call: EnvCalls, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset, late: LateCloses
+) -> tuple[ResilientEnv[Any, Any], Outcome | None]:
+    """Build the env and reset it in one call in its thread (one round trip before the first turn), and
+    return it with how its reset ended (None: not reset yet, see ``_EnvBuild.run``). A rollout cancelled
+    meanwhile leaves the env to be closed on arrival."""
+    build = _EnvBuild(make, reset)
+    opening = call.submit(build.run)
     try:
         # Shielded: cancelling the pool's future would lose the env it still hands over.
-        return await asyncio.shield(creating)
+        return await asyncio.shield(opening)
     except asyncio.CancelledError as cancelled:
         build.abandon()
-        if not await late.wait(creating):
+        if not await late.wait(opening):
             cancelled.add_note(
-                f"its env was still being built when the rollout stopped waiting after {late.timeout_s:g} s: "
-                "the thread building it closes it when the factory returns"
+                f"its env was still being built or reset when the rollout stopped waiting after "
+                f"{late.timeout_s:g} s: the thread doing it closes the env when that call returns"
             )
-        elif not creating.cancelled() and creating.exception() is None:
+        elif not opening.cancelled() and opening.exception() is None:
             # Handed over just before the rollout gave up on it.
-            await close_after_failure(creating.result(), call, cancelled, late)
+            await close_after_failure(opening.result()[0], call, cancelled, late)
         raise
 
 

@@ -1,7 +1,7 @@
 """One rollout: the multi-turn agent loop between an engine and a text env, and its trajectory.
 
 The env is created, reset, stepped and closed in a thread pool (gymnasium envs are synchronous), one
-call at a time per env, and closed in ``finally`` on every exit path.
+call at a time per env (built and reset in one call), and closed on every exit path.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gym_resilience.metrics import log_close_failure
 from gym_resilience.rollout.checks import checked_step, numeric_info
 from gym_resilience.rollout.codec import as_messages
 from gym_resilience.rollout.context import RolloutContext
-from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, create_env
+from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, open_env
 from gym_resilience.rollout.progress import enter_rollout
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory
 
@@ -69,15 +69,20 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     """
     progress, late = rollout.progress, rollout.late
     enter_rollout(progress)
-    call = EnvCalls(rollout.executor, progress)
+    call = EnvCalls(rollout.pool, progress)
     progress.phase = "reset"
-    env = await create_env(call, rollout.make_env, late)
+    options = {"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt}
+
+    def reset(env: ResilientEnv[Any, Any]) -> tuple[Any, dict[str, Any]]:
+        return env.reset(seed=rollout.seed, options=options)
+
+    env, opened = await open_env(call, rollout.make_env, reset, late)
     try:
-        messages, _ = await call(
-            env.reset,
-            seed=rollout.seed,
-            options={"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt},
-        )
+        if opened is None:
+            messages, _ = await call(reset, env)
+        else:
+            progress.env_s += opened.seconds
+            messages, _ = opened.result()
         result = await _turns(rollout, env, call, messages)
     except BaseException as exc:
         await close_after_failure(env, call, exc, late)
@@ -108,7 +113,7 @@ async def _turns(
     rollout: RolloutContext, env: ResilientEnv[Any, Any], call: EnvCalls, opening: object
 ) -> AnyTrajectory:
     codec, config, progress = rollout.codec, rollout.config, rollout.progress
-    prompt_ids = codec.prompt(as_messages(opening))
+    prompt_ids = await codec.encode_prompt(as_messages(opening))
     record = _Transcript(prompt_ids=prompt_ids)
     for turn in range(config.max_turns):
         input_ids = prompt_ids + record.response_ids
@@ -153,7 +158,7 @@ async def _turns(
             break
         if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
             record.add_env_tokens([codec.eos_token_id])
-        record.add_env_tokens(codec.observation(as_messages(observation)))
+        record.add_env_tokens(await codec.encode_observation(as_messages(observation)))
     return _finish(record, rollout)
 
 
@@ -161,11 +166,14 @@ async def _generate(rollout: RolloutContext, prompt_ids: list[int]) -> Generatio
     """One engine call under its deadline; past it the request is cancelled, which aborts it in the engine."""
     progress, timeout_s = rollout.progress, rollout.config.generation_timeout_s
     start = time.perf_counter()
+    deadline: asyncio.Timeout | None = None
     try:
+        if timeout_s is None:  # no deadline to keep: spare the per-turn cost of a timeout scope
+            return await rollout.engine.generate(prompt_ids, rollout.sampling)
         async with asyncio.timeout(timeout_s) as deadline:
             return await rollout.engine.generate(prompt_ids, rollout.sampling)
     except TimeoutError:
-        if not deadline.expired():
+        if deadline is None or not deadline.expired():
             raise
         raise RolloutTimeoutError(
             rollout_index=rollout.index,
