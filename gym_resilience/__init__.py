@@ -6,7 +6,6 @@ from gym_resilience.advantages import (
     GroupStats,
     group_relative_advantages,
 )
-from gym_resilience.rollout import Progress, current_rollout, rollout_headers
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
@@ -35,6 +34,7 @@ from gym_resilience.errors import (
     root_cause,
 )
 from gym_resilience.retry import RetryPolicy
+from gym_resilience.rollout import Progress, current_rollout, rollout_headers
 from gym_resilience.runner import BatchResult, BatchRunner
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
