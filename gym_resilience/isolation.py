@@ -47,6 +47,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.spawn
 import multiprocessing.util  # before atexit.register below: see _close_workers_at_exit
 import os
 import pickle
@@ -67,6 +68,7 @@ import gymnasium
 import numpy as np
 from gymnasium.core import RenderFrame
 
+from gym_resilience import _forkserver_main
 from gym_resilience.deadlines import check_seconds
 from gym_resilience.errors import (
     EnvClosedError,
@@ -237,8 +239,25 @@ def _context() -> BaseContext:
             # Keep what the program asked for (by default ``__main__``); the list has no public getter.
             current = getattr(multiprocessing.forkserver._forkserver, "_preload_modules", ["__main__"])
             if __name__ not in current:
-                context.set_forkserver_preload([*current, __name__])
+                context.set_forkserver_preload([*current, __name__, _forkserver_main.__name__])
+                _start_fork_server_with_main()
     return context
+
+
+def _start_fork_server_with_main() -> None:
+    """Start the fork server now, telling it which main module to import once (see ``_forkserver_main``)."""
+    data = multiprocessing.spawn.get_preparation_data("forkserver")
+    if "init_main_from_path" in data:
+        target = f"path:{data['init_main_from_path']}"
+    elif "init_main_from_name" in data:
+        target = f"name:{data['init_main_from_name']}"
+    else:
+        return
+    os.environ[_forkserver_main.MAIN_VARIABLE] = target
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.pop(_forkserver_main.MAIN_VARIABLE, None)
 
 
 class _State(enum.Enum):

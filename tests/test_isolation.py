@@ -591,3 +591,37 @@ def test_a_hung_worker_does_not_outlive_its_parent_killed_with_sigkill() -> None
         child.communicate(timeout=60)
 
     assert wait_until_ended(helpers, timeout_s=15) == []
+
+
+@pytest.mark.slow
+def test_workers_of_a_program_find_what_its_main_script_imports_already_imported(tmp_path: Path) -> None:
+    # A training script imports torch or ray at its top; every worker used to import them again.
+    (tmp_path / "heavy_dependency.py").write_text(
+        "import os\nprint('heavy imported in', os.getpid(), flush=True)\n"
+    )
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent(
+            """
+            import heavy_dependency
+            from gym_resilience.isolation import IsolatedEnv
+            from gym_resilience.testing import ScriptableEnv
+
+            if __name__ == "__main__":
+                for _ in range(3):
+                    IsolatedEnv(ScriptableEnv).close()
+                print("done", flush=True)
+            """
+        )
+    )
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py")],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    imports = [line for line in result.stdout.splitlines() if line.startswith("heavy imported in")]
+    # Once in the program, once in the fork server, never in the three workers forked from it.
+    assert len(imports) == 2, result.stdout
