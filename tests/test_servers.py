@@ -213,3 +213,17 @@ async def test_cancelling_an_async_start_stops_every_server_before_the_cancellat
         await asyncio.wait_for(task, timeout=60)
     assert not entered.is_set()
     assert server_processes_of(tiny_model) == []
+
+
+def test_the_old_module_path_still_resolves_every_name_and_warns_where_it_moved() -> None:
+    from gym_resilience import testing_servers
+    from gym_resilience.engines import servers as old
+
+    with pytest.warns(
+        DeprecationWarning, match=r"servers.VLLMServer is gym_resilience.testing_servers"
+    ):
+        assert old.VLLMServer is testing_servers.VLLMServer
+    with pytest.warns(DeprecationWarning, match=r"aservers is gym_resilience.testing_servers.servers now"):
+        assert old.aservers is testing_servers.servers
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        old.nonexistent  # noqa: B018
