@@ -246,10 +246,6 @@ class RunnerConfig:
             from gym_resilience.ray_env import check_actor_options  # not at import: it is rarely needed
 
             check_actor_options(self.env_actor_options)
-        if self.env_backend == "ray":
-            from gym_resilience.ray_env import check_ray_installed
-
-            check_ray_installed()
 
 
 def _check_positive(option: str, value: int) -> None:

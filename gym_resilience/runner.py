@@ -99,6 +99,11 @@ class BatchRunner:
         self.env_factory = env_factory
         self.config = config if config is not None else RunnerConfig()
         self._codec: ChatCodec | None = None
+        if self.config.env_backend == "ray":
+            # A configuration is data (a scenario file validates without ray); a runner is about to use it.
+            from gym_resilience.ray_env import check_ray_installed
+
+            check_ray_installed()
 
     def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
         if not tasks:

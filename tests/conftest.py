@@ -31,17 +31,50 @@ def tiny_model() -> Path:
     return build_tiny_model()
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def vllm_engine(tiny_model: Path) -> AsyncIterator[InProcessVLLMEngine | VLLMEngine]:
-    """One real vLLM engine on the tiny model for the whole session, the one ``make_vllm_engine``
-    picks: on CPU the in-process engine (about 8 s to start warm, vLLM's async engine about 30 s).
-
-    It runs in the session event loop, which the async tests share (pyproject sets both default loop
-    scopes to ``session``), and is shut down when the session ends. Tests of the async engine itself
-    start theirs in ``test_vllm_engine.py``.
+class SessionEngine:
+    """The session's real vLLM engine on the tiny model, started on first use, the one
+    ``make_vllm_engine`` picks: on CPU the in-process engine (about 8 s to start warm, vLLM's async engine
+    about 30 s). vLLM keeps an in-process engine's parallel state per process, so a test that starts one
+    of its own (directly, or through the harness) asks for ``no_session_engine``, which closes this one
+    first; the next test that needs it starts it again.
     """
-    async with make_vllm_engine(tiny_model) as engine:
-        yield engine
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.engine: InProcessVLLMEngine | VLLMEngine | None = None
+
+    async def get(self) -> InProcessVLLMEngine | VLLMEngine:
+        if self.engine is None:
+            engine = make_vllm_engine(self.model_dir)
+            await engine.start()
+            self.engine = engine
+        return self.engine
+
+    async def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await engine.aclose()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def session_engine(tiny_model: Path) -> AsyncIterator[SessionEngine]:
+    holder = SessionEngine(tiny_model)
+    yield holder
+    await holder.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def vllm_engine(session_engine: SessionEngine) -> InProcessVLLMEngine | VLLMEngine:
+    """The session's engine. It runs in the session event loop, which the async tests share (pyproject
+    sets both default loop scopes to ``session``), and is shut down when the session ends. Tests of the
+    async engine itself start theirs in ``test_vllm_engine.py``."""
+    return await session_engine.get()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def no_session_engine(session_engine: SessionEngine) -> None:
+    """No session engine runs during the test: it starts an in-process vLLM engine of its own."""
+    await session_engine.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

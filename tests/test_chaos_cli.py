@@ -80,7 +80,7 @@ def run_folder(out: str) -> Path:
 
 @pytest.mark.slow
 def test_two_runs_keep_their_own_reports_with_the_same_journal_and_record_replays_the_failures(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_session_engine: None
 ) -> None:
     folder = tmp_path / "scenarios"
     folder.mkdir()

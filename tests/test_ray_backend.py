@@ -366,11 +366,13 @@ def test_a_ray_env_in_a_process_not_connected_to_ray_says_to_call_ray_init() -> 
     )
 
 
-def test_the_ray_backend_without_ray_installed_names_the_extra_that_installs_it() -> None:
+def test_a_runner_on_the_ray_backend_without_ray_installed_names_the_extra_that_installs_it() -> None:
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "from gym_resilience import RunnerConfig\n"
-        "RunnerConfig(env_backend='ray')"
+        "from gym_resilience import BatchRunner, RunnerConfig\n"
+        "from gym_resilience.engines.scripted import ScriptedEngine\n"
+        "config = RunnerConfig(env_backend='ray')  # data: it needs no ray\n"
+        "BatchRunner(ScriptedEngine(), dict, config)"
     )
     result = run_python(code)
     assert result.stderr.strip().splitlines()[-1] == (

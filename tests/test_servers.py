@@ -219,9 +219,7 @@ def test_the_old_module_path_still_resolves_every_name_and_warns_where_it_moved(
     from gym_resilience import testing_servers
     from gym_resilience.engines import servers as old
 
-    with pytest.warns(
-        DeprecationWarning, match=r"servers.VLLMServer is gym_resilience.testing_servers"
-    ):
+    with pytest.warns(DeprecationWarning, match=r"servers.VLLMServer is gym_resilience.testing_servers"):
         assert old.VLLMServer is testing_servers.VLLMServer
     with pytest.warns(DeprecationWarning, match=r"aservers is gym_resilience.testing_servers.servers now"):
         assert old.aservers is testing_servers.servers

@@ -298,7 +298,10 @@ def probe(result: dict[str, Any], name: str) -> Any:
 
 @pytest.mark.slow
 def test_the_users_env_tasks_model_and_pipeline_are_faulted_and_every_report_agrees_with_the_probes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_session_engine: None,
 ) -> None:
     model = build_tiny_model(tmp_path / "built" / "my-model")
     user_project(tmp_path, "acme_run", model)

@@ -97,7 +97,7 @@ async def test_generate_before_start_raises_engine_closed_error(tiny_model: Path
 
 
 def test_make_vllm_engine_picks_the_in_process_engine_on_cpu_and_the_async_one_on_gpu(
-    tiny_model: Path,
+    tiny_model: Path, no_session_engine: None
 ) -> None:
     assert isinstance(make_vllm_engine(tiny_model, device="cpu"), InProcessVLLMEngine)
     gpu = make_vllm_engine(tiny_model, device="cuda", cpu_threads=1, max_model_len=256)
@@ -105,6 +105,20 @@ def test_make_vllm_engine_picks_the_in_process_engine_on_cpu_and_the_async_one_o
 
 
 # -- generation on the session's engine (slow: a real vLLM engine) ----------------------------------
+
+
+@slow
+async def test_while_one_runs_a_second_in_process_engine_is_refused_and_make_vllm_engine_picks_the_async_one(
+    engine: InProcessVLLMEngine, tiny_model: Path
+) -> None:
+    # vLLM keeps an in-process engine's parallel state per process: closing a second one would break it.
+    second = InProcessVLLMEngine(tiny_model)
+    with pytest.raises(UnsupportedConfigError, match=r"another InProcessVLLMEngine .* runs in this process"):
+        await second.start()
+    assert isinstance(make_vllm_engine(tiny_model, device="cpu"), VLLMEngine)
+    assert engine.is_running
+    prompt = chat_prompt(engine)
+    assert (await engine.generate(prompt, Sampling(max_tokens=4))).token_ids
 
 
 @slow
@@ -199,7 +213,9 @@ async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error_an
 
 
 @slow
-async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process(tiny_model: Path) -> None:
+async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process(
+    tiny_model: Path, no_session_engine: None
+) -> None:
     children_before, threads_before = child_pids(), engine_threads()
     engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
     ticks = 0
@@ -236,7 +252,7 @@ async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process
 
 @slow
 async def test_a_failing_engine_step_fails_requests_with_engine_dead_error_and_ends_the_thread(
-    tiny_model: Path,
+    tiny_model: Path, no_session_engine: None
 ) -> None:
     threads_before = engine_threads()
     engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
@@ -258,7 +274,9 @@ async def test_a_failing_engine_step_fails_requests_with_engine_dead_error_and_e
 
 
 @slow
-async def test_engine_arguments_vllm_rejects_raise_unsupported_config_error(tiny_model: Path) -> None:
+async def test_engine_arguments_vllm_rejects_raise_unsupported_config_error(
+    tiny_model: Path, no_session_engine: None
+) -> None:
     threads_before = engine_threads()
     with pytest.raises(UnsupportedConfigError, match="engine_kwargs"):
         await InProcessVLLMEngine(tiny_model, device="cpu", no_such_argument=1).start()

@@ -216,6 +216,37 @@ def _resolve(delivery: _Delivery) -> None:
 
 # --- The engine. --------------------------------------------------------------------------------------
 
+_running_lock = threading.Lock()
+_running: InProcessVLLMEngine | None = None
+"""The in-process engine of this process, from its start until its close: vLLM keeps its parallel state
+(process groups) per process, and shutting one in-process engine down tears it down under any other."""
+
+
+def in_process_engine_running() -> bool:
+    """Whether an :class:`InProcessVLLMEngine` runs in this process (started, not yet closed)."""
+    return _running is not None
+
+
+def _claim(engine: InProcessVLLMEngine) -> None:
+    global _running
+    with _running_lock:
+        if _running is not None:
+            raise UnsupportedConfigError(
+                f"another InProcessVLLMEngine ({_running.model_dir}) runs in this process: vLLM keeps its "
+                "parallel state per process, and closing one in-process engine would break the other; "
+                "close it first, or use VLLMEngine (its core runs in a process of its own), which "
+                "make_vllm_engine picks while an in-process engine runs",
+                option="engine",
+            )
+        _running = engine
+
+
+def _release(engine: InProcessVLLMEngine) -> None:
+    global _running
+    with _running_lock:
+        if _running is engine:
+            _running = None
+
 
 class InProcessVLLMEngine(LocalVLLMEngine):
     """vLLM's ``LLMEngine`` stepped by a thread of this process, behind the ``Engine`` protocol.
@@ -245,8 +276,18 @@ class InProcessVLLMEngine(LocalVLLMEngine):
                 rejected the engine arguments.
             EngineError: vLLM failed to start (its exception is ``__cause__``).
             EngineClosedError: the engine was started before or already closed.
+            UnsupportedConfigError: another in-process engine runs in this process (``option`` is
+                ``"engine"``).
         """
         self._check_new()
+        _claim(self)
+        try:
+            await self._start()
+        except BaseException:
+            _release(self)
+            raise
+
+    async def _start(self) -> None:
         # Importing vLLM takes seconds: off the event loop, like the build itself.
         build, on_cpu = await asyncio.to_thread(self._builder)
         driver = _Driver(build, asyncio.get_running_loop(), self.args.threads(on_cpu=on_cpu))
@@ -299,8 +340,11 @@ class InProcessVLLMEngine(LocalVLLMEngine):
         """
         driver, self._driver = self._driver, None
         self._state = EngineState.CLOSED
-        if driver is not None:
-            await _stop(driver)
+        try:
+            if driver is not None:
+                await _stop(driver)
+        finally:
+            _release(self)
 
     # -- introspection -----------------------------------------------------------------------------
 
