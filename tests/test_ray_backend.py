@@ -23,8 +23,8 @@ from typing import Any
 import gymnasium
 import pytest
 import ray
+from doubles import HANG_S, SandboxError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from worker_envs import hang, raise_unpicklable, raise_value_error
 
 from gym_resilience import (
     BatchRunner,
@@ -82,6 +82,20 @@ def record_close(path: str, env: ScriptableEnv) -> None:
 def sleep_forever() -> gymnasium.Env[Any, Any]:
     time.sleep(10**6)
     raise AssertionError("unreachable")
+
+
+# ScriptableEnv behaviours: module-level, since an actor unpickles them by reference (from this module).
+def hang(*_args: Any) -> Any:
+    """Never returns (in practice): a stuck tool call, a deadlocked simulator."""
+    time.sleep(HANG_S)
+
+
+def raise_value_error(env: ScriptableEnv, action: Any) -> Any:
+    raise ValueError(f"bad move {action!r}")
+
+
+def raise_unpicklable(env: ScriptableEnv, action: Any) -> Any:
+    raise SandboxError("container 3f2a is gone")
 
 
 def raise_in_factory() -> gymnasium.Env[Any, Any]:
