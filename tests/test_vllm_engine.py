@@ -13,12 +13,13 @@ import multiprocessing.resource_tracker
 import os
 import pickle
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from engine_helpers import chat_prompt, child_pids, wait_until
 
 from gym_resilience.engines import Engine, Sampling
 from gym_resilience.engines.common import finish_reason
@@ -36,24 +37,6 @@ from gym_resilience.errors import (
 
 slow = pytest.mark.slow
 
-MESSAGES = [{"role": "user", "content": "Move left, then step 3."}]
-
-
-def chat_prompt(engine: VLLMEngine) -> list[int]:
-    ids = engine.tokenizer.apply_chat_template(
-        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False
-    )
-    assert isinstance(ids, list)
-    return ids
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    for _ in range(int(timeout_s / 0.001)):
-        if predicate():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"not true within {timeout_s} s")
-
 
 class ErrorRecords(logging.Handler):
     def __init__(self) -> None:
@@ -62,12 +45,6 @@ class ErrorRecords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
-
-
-def child_pids() -> set[int]:
-    import psutil
-
-    return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
 def resource_tracker_pid() -> int | None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_helpers import chat_prompt, child_pids, wait_until
 
 from gym_resilience.engines import Engine, Sampling
 from gym_resilience.engines.local import make_vllm_engine
@@ -28,30 +28,6 @@ from gym_resilience.errors import (
 )
 
 slow = pytest.mark.slow
-
-MESSAGES = [{"role": "user", "content": "Move left, then step 3."}]
-
-
-def chat_prompt(engine: InProcessVLLMEngine) -> list[int]:
-    ids = engine.tokenizer.apply_chat_template(
-        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False
-    )
-    assert isinstance(ids, list)
-    return ids
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    for _ in range(int(timeout_s / 0.001)):
-        if predicate():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"not true within {timeout_s} s")
-
-
-def child_pids() -> set[int]:
-    import psutil
-
-    return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
 def engine_threads() -> list[threading.Thread]:
