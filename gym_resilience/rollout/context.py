@@ -44,7 +44,7 @@ class RolloutContext:
 
     @property
     def seed(self) -> int | None:
-        """``config.seed + index``: the RNG seed of the env's reset and of sampling (None without config.seed)."""
+        """``config.seed + index``: the RNG seed of the env's reset and of sampling (None without one)."""
         return None if self.config.seed is None else self.config.seed + self.index
 
     @property
