@@ -187,8 +187,10 @@ class ResilientEnv(
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
     ) -> None:
         # The spec records no isolation: a spec re-creates the env in-process, it cannot carry a factory.
+        # Both values are immutable (a bool, a frozen RetryPolicy): no deep copy, which cost 10 of the 15 us
+        # it took to wrap an env (a batch wraps one per rollout).
         gymnasium.utils.RecordConstructorArgs.__init__(
-            self, close_on_error=close_on_error, reset_retry=reset_retry
+            self, _disable_deepcopy=True, close_on_error=close_on_error, reset_retry=reset_retry
         )
         if isolate:
             warnings.warn(

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 import psutil
 from doubles import SETTLE_S, EnvCounts
 
+from gym_resilience.rollout.pool import idle_threads
+
 
 def wait_until(predicate: Callable[[], object], timeout_s: float = SETTLE_S) -> bool:
     """Poll ``predicate`` from this thread until it holds or time is up; whether it holds."""
@@ -72,7 +74,8 @@ class Snapshot:
             with contextlib.suppress(psutil.NoSuchProcess):
                 if child.status() != psutil.STATUS_ZOMBIE:
                     children.add(child.pid)
-        alive = frozenset(thread for thread in threading.enumerate() if thread.is_alive())
+        # A pool thread waiting for its next pool is kept for reuse, not leaked (busy, it counts).
+        alive = frozenset(thread for thread in threading.enumerate() if thread.is_alive()) - idle_threads()
         return cls(threads=alive, fds=me.num_fds(), children=frozenset(children))
 
 

@@ -7,8 +7,11 @@ import contextvars
 import threading
 
 import pytest
+from leaks import eventually
 
 from gym_resilience.rollout import EnvPool
+from gym_resilience.rollout import pool as pool_module
+from gym_resilience.rollout.pool import idle_threads
 
 SETTLE_S = 10.0
 
@@ -38,7 +41,7 @@ async def test_a_call_cancelled_before_a_thread_takes_it_never_runs() -> None:
     assert after is None and ran == ["after"]
 
 
-async def test_calls_queued_before_shutdown_still_run_and_then_every_thread_ends() -> None:
+async def test_calls_queued_before_shutdown_still_run_and_then_every_thread_is_let_go() -> None:
     pool = EnvPool(2, name="test-pool-end")
     release, ran = threading.Event(), []
     calls = [pool.submit(lambda i=i: (release.wait(SETTLE_S), ran.append(i))) for i in range(4)]
@@ -48,9 +51,48 @@ async def test_calls_queued_before_shutdown_still_run_and_then_every_thread_ends
     release.set()
     await asyncio.gather(*calls)
     assert sorted(ran) == [0, 1, 2, 3]
-    for thread in [t for t in threading.enumerate() if t.name.startswith("test-pool-end")]:
-        await asyncio.to_thread(thread.join, SETTLE_S)
-        assert not thread.is_alive()
+    # Let go, a thread waits for the next pool under another name.
+    named = [t for t in threading.enumerate() if t.name.startswith("test-pool-end_")]
+    assert await eventually(lambda: not [t for t in named if t.name.startswith("test-pool-end_")])
+
+
+async def test_a_new_pool_takes_the_threads_an_earlier_pool_let_go() -> None:
+    first = EnvPool(1, name="test-pool-first")
+    thread = await first.submit(threading.current_thread)
+    first.shutdown()
+    assert await eventually(lambda: thread in idle_threads())
+    second = EnvPool(1, name="test-pool-second")
+    try:
+        assert await second.submit(lambda: (threading.current_thread(), threading.current_thread().name)) == (
+            thread,
+            "test-pool-second_0",
+        )
+    finally:
+        second.shutdown()
+    assert thread.daemon
+
+
+async def test_a_thread_let_go_ends_after_idle_s_without_a_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "IDLE_S", 0.05)
+    pool = EnvPool(1, name="test-pool-idle")
+    thread = await pool.submit(threading.current_thread)
+    pool.shutdown()
+    await asyncio.to_thread(thread.join, SETTLE_S)
+    assert not thread.is_alive() and thread not in idle_threads()
+
+
+async def test_a_thread_stuck_in_a_call_is_not_taken_by_the_next_pool() -> None:
+    stuck_pool = EnvPool(1, name="test-pool-stuck")
+    release = threading.Event()
+    stuck = stuck_pool.submit(lambda: (release.wait(SETTLE_S), threading.current_thread())[1])
+    stuck_pool.shutdown()
+    other = EnvPool(1, name="test-pool-other")
+    try:
+        free = await other.submit(threading.current_thread)
+    finally:
+        other.shutdown()
+        release.set()
+    assert free is not await stuck
 
 
 async def test_an_exception_in_a_call_is_raised_where_it_is_awaited() -> None:
@@ -62,5 +104,52 @@ async def test_an_exception_in_a_call_is_raised_where_it_is_awaited() -> None:
     try:
         with pytest.raises(ConnectionError, match="sandbox went away"):
             await pool.submit(fail)
+    finally:
+        pool.shutdown()
+
+
+async def test_calls_submitted_together_run_in_order_on_one_thread_each_handed_over() -> None:
+    pool = EnvPool(4, name="test-pool-all")
+    order: list[str] = []
+
+    def call(name: str) -> tuple[str, threading.Thread]:
+        order.append(name)
+        return name, threading.current_thread()
+
+    try:
+        futures = pool.submit_all(lambda: call("step"), lambda: call("close"))
+        (step, step_thread), (close, close_thread) = await asyncio.gather(*futures)
+    finally:
+        pool.shutdown()
+    assert (step, close, order) == ("step", "close", ["step", "close"])
+    assert step_thread is close_thread
+
+
+async def test_a_call_submitted_together_still_runs_when_the_one_before_it_was_cancelled() -> None:
+    pool = EnvPool(1, name="test-pool-all")
+    release, ran = threading.Event(), []
+    busy = pool.submit(lambda: release.wait(SETTLE_S))
+    step, close = pool.submit_all(lambda: ran.append("step"), lambda: ran.append("close"))
+    step.cancel()
+    release.set()
+    try:
+        await busy
+        await close
+    finally:
+        pool.shutdown()
+    assert ran == ["close"]
+
+
+async def test_a_failing_call_submitted_together_does_not_stop_the_next() -> None:
+    pool = EnvPool(1, name="test-pool-all")
+
+    def fail() -> None:
+        raise ConnectionError("sandbox went away")
+
+    try:
+        step, close = pool.submit_all(fail, lambda: "closed")
+        with pytest.raises(ConnectionError, match="sandbox went away"):
+            await step
+        assert await close == "closed"
     finally:
         pool.shutdown()

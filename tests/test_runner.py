@@ -25,6 +25,7 @@ from gym_resilience import (
 )
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
+from gym_resilience.rollout import EnvPool
 from gym_resilience.trajectories import TrajectoryId, build_batch_output, without_timings
 
 
@@ -239,6 +240,36 @@ async def test_max_concurrency_bounds_rollouts_in_flight() -> None:
         RunnerConfig(max_concurrency=2, max_turns=1), EnvCounts(), engine=ScriptedEngine(script=script), n=6
     )
     assert peak == 2
+
+
+@pytest.fixture
+def pool_hops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many calls each hop to the env pool carried, in order."""
+    hops: list[int] = []
+    submit_all = EnvPool.submit_all
+
+    def counted(self: EnvPool, *calls: Any) -> Any:
+        hops.append(len(calls))
+        return submit_all(self, *calls)
+
+    monkeypatch.setattr(EnvPool, "submit_all", counted)
+    return hops
+
+
+async def test_a_rollout_steps_its_last_turn_and_closes_its_env_in_one_pool_hop(pool_hops: list[int]) -> None:
+    counts = EnvCounts()
+    result = await run(RunnerConfig(max_turns=2), counts, n=3)
+    # Per rollout: the build and reset, the first step, then the last step with the close behind it.
+    assert sorted(pool_hops) == [1] * 6 + [2] * 3
+    assert (counts.created, counts.closed, counts.open) == (3, 3, 0)
+    assert all(len(t.response_ids) > 0 for t in result.trajectories)
+
+
+async def test_an_env_that_ends_early_is_closed_in_a_hop_of_its_own(pool_hops: list[int]) -> None:
+    counts = EnvCounts()
+    await run(RunnerConfig(max_turns=5), counts, n=2, turns=2)  # the env terminates at its second step
+    assert sorted(pool_hops) == [1] * 8
+    assert (counts.created, counts.closed, counts.open) == (2, 2, 0)
 
 
 async def test_duplicate_instance_ids_are_rejected_naming_them() -> None:

@@ -8,6 +8,7 @@ them start and shut down. No process is ever started: the engine runs in a threa
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from engine_helpers import chat_prompt, child_pids, wait_until
 
-from gym_resilience.engines import Engine, Sampling
+from gym_resilience.engines import Engine, Sampling, vllm_inprocess
 from gym_resilience.engines.local import make_vllm_engine
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import SMALL_MODEL_BYTES, cpu_threads
@@ -259,3 +260,38 @@ async def test_engine_arguments_vllm_rejects_raise_unsupported_config_error(
     with pytest.raises(UnsupportedConfigError, match="engine arguments"):
         await InProcessVLLMEngine(tiny_model, device="cpu", max_model_len=100_000).start()
     assert engine_threads() == threads_before
+
+
+# --- How an idle engine takes a burst of requests (the queue logic, no vLLM). -------------------------
+
+
+def add(request_id: str) -> vllm_inprocess._Add:
+    return vllm_inprocess._Add(request_id, None, None, None)  # type: ignore[arg-type]
+
+
+def test_an_idle_engine_takes_the_requests_queued_behind_the_first_as_one_burst_up_to_a_stop() -> None:
+    commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    stop = vllm_inprocess._Stop()
+    for command in (add("a"), add("b"), add("c"), stop, add("after the stop")):
+        commands.put(command)
+    assert [getattr(c, "request_id", c) for c in vllm_inprocess._burst(commands)] == ["a", "b", "c", stop]
+    assert commands.get_nowait().request_id == "after the stop"
+
+
+def test_a_burst_takes_requests_that_arrive_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_inprocess, "BURST_GAP_S", 60.0)  # however late the other thread runs
+    monkeypatch.setattr(vllm_inprocess, "BURST_MAX_S", 60.0)
+    commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    commands.put(add("first"))
+    stop = vllm_inprocess._Stop()
+    sender = threading.Thread(target=lambda: [commands.put(c) for c in (add("follower"), stop)])
+    sender.start()
+    burst = vllm_inprocess._burst(commands)
+    sender.join()
+    assert [getattr(c, "request_id", c) for c in burst] == ["first", "follower", stop]
+
+
+def test_a_burst_ends_when_nothing_follows_within_the_gap() -> None:
+    commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    commands.put(add("alone"))
+    assert [c.request_id for c in vllm_inprocess._burst(commands)] == ["alone"]

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +48,11 @@ logger = logging.getLogger(__name__)
 
 # How long ``aclose`` waits for the engine thread to finish its step and shut vLLM down.
 _JOIN_TIMEOUT_S = 60.0
+
+BURST_GAP_S = 0.003
+"""An idle engine takes requests arriving this close together as one burst before its first step."""
+BURST_MAX_S = 0.025
+"""The longest an idle engine waits for the rest of a burst."""
 
 
 # --- What the event loop sends the engine thread. -----------------------------------------------------
@@ -159,22 +166,15 @@ class _Driver:
     def _serve(self, engine: Any) -> None:
         commands = self._commands
         while True:
-            busy = engine.has_unfinished_requests()
-            # Idle, wait for work; busy, take whatever arrived during the last step.
-            command: _Command | None = None if busy else commands.get()
+            # Busy, take whatever arrived during the last step; idle, wait for the next burst.
+            pending = _arrived(commands) if engine.has_unfinished_requests() else _burst(commands)
             delivery: _Delivery = []
-            while True:
-                if command is None:
-                    try:
-                        command = commands.get_nowait()
-                    except queue.Empty:
-                        break
+            for command in pending:
                 if isinstance(command, _Stop):
                     if self._futures:
                         engine.abort_request(list(self._futures))
                     return  # _run resolves what is left as aborted
                 self._apply(engine, command, delivery)
-                command = None
             if engine.has_unfinished_requests():
                 for output in engine.step():
                     if output.finished and (future := self._futures.pop(output.request_id, None)):
@@ -202,6 +202,33 @@ class _Driver:
             self._loop.call_soon_threadsafe(_resolve, delivery)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             logger.debug("the event loop closed before %d vLLM results were delivered", len(delivery))
+
+
+def _arrived(commands: queue.SimpleQueue[_Command]) -> list[_Command]:
+    """The commands queued now, without waiting."""
+    arrived = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            arrived.append(commands.get_nowait())
+    return arrived
+
+
+def _burst(commands: queue.SimpleQueue[_Command]) -> list[_Command]:
+    """Wait for a command, then take those that follow it within ``BURST_GAP_S`` of each other (for
+    ``BURST_MAX_S`` at most, or up to a stop).
+
+    A batch's requests reach an idle engine over a few milliseconds (its rollouts' envs open and their
+    prompts are encoded in waves). Stepping at the first would hold the GIL beside the event loop still
+    submitting the rest, and delay them by more than the wait: the engine starts with the whole burst.
+    """
+    burst = [commands.get()]
+    deadline = time.monotonic() + BURST_MAX_S
+    while not isinstance(burst[-1], _Stop) and (left := deadline - time.monotonic()) > 0:
+        try:
+            burst.append(commands.get(timeout=min(BURST_GAP_S, left)))
+        except queue.Empty:
+            break
+    return burst
 
 
 def _resolve(delivery: _Delivery) -> None:

@@ -68,27 +68,45 @@ class EnvCalls:
         self._pool = pool
         self._progress = progress
         self._lock = threading.Lock()
+        self._closing: asyncio.Future[None] | None = None
 
-    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
-        """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
+    def _locked(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
         lock = self._lock
 
         def locked() -> T:
             with lock:
-                return fn(*args, **kwargs)
+                return fn(*args)
 
-        return self._pool.submit(locked)
+        return locked
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
+        return self._pool.submit(self._locked(fn, *args))
 
     def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
-        """Start closing ``env``: after its call in flight, or, for an isolated env, beside it."""
-        if isinstance(env.unwrapped, WorkerEnv):
-            return self._pool.submit(env.close)
-        return self.submit(env.close)
+        """Start closing ``env`` (once: a close already queued is returned): after its call in flight,
+        or, for an isolated env, beside it."""
+        if self._closing is None:
+            isolated = isinstance(env.unwrapped, WorkerEnv)
+            self._closing = self._pool.submit(env.close) if isolated else self.submit(env.close)
+        return self._closing
 
-    async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._timed(self.submit(fn, *args))
+
+    async def last_step(self, env: ResilientEnv[Any, Any], action: Any) -> Any:
+        """``env.step(action)`` with the env's close queued behind it in the same hop (the rollout ends
+        whatever the step does); ``close`` then returns that close. An isolated env steps alone: its
+        close must be able to run beside a stuck step."""
+        if isinstance(env.unwrapped, WorkerEnv):
+            return await self(env.step, action)
+        step, self._closing = self._pool.submit_all(self._locked(env.step, action), self._locked(env.close))
+        return await self._timed(step)
+
+    async def _timed(self, call: asyncio.Future[T]) -> T:
         start = time.perf_counter()
         try:
-            return await self.submit(fn, *args, **kwargs)
+            return await call
         finally:
             self._progress.env_s += time.perf_counter() - start
 

@@ -136,8 +136,10 @@ async def _turns(
         if generation.finish_reason == "abort":
             break
         progress.phase = "step"
+        action = codec.decode(generation.token_ids)
+        last_turn = turn == config.max_turns - 1  # the env is closed next, whatever its step does
         observation, reward, terminated, truncated, info = checked_step(
-            await call(env.step, codec.decode(generation.token_ids))
+            await (call.last_step(env, action) if last_turn else call(env.step, action))
         )
         record.info = info
         record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
@@ -154,7 +156,7 @@ async def _turns(
                     trajectory_id=rollout.trajectory_id,
                 )
             )
-        if terminated or truncated or turn == config.max_turns - 1:
+        if terminated or truncated or last_turn:
             break
         if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
             record.add_env_tokens([codec.eos_token_id])
