@@ -3,12 +3,16 @@
 Every engine runs in this one process on the bundled tiny model (float32, as gym_resilience runs it):
 vLLM's offline ``LLM.generate`` (the limit: no asyncio, no runner), ``InProcessVLLMEngine`` (the same
 engine stepped by a thread) and ``VLLMEngine`` (vLLM's async engine, its core in a child process).
-Rounds alternate the variants, rotating their order, and report medians, ranges and ratios, because
-these machines are noisy; the load average is printed with each round.
+Each round runs every variant three times, interleaved and rotating their order, and keeps each
+variant's median (a burst of load from elsewhere skews one run, not the round); the figures are the
+medians and ranges of those over the rounds, and ratios per round, because these machines are noisy.
+The load average is printed with each round.
 
 (a) Single turn: 64 tasks x 64 tokens, greedy. Offline: ``LLM.generate`` on the same prompt ids.
     ``gather``: the prompt ids fanned straight into the engine, to tell the runner's cost from the engine's;
-    ``eager``: the in-process engine with ``enforce_eager=True`` (no torch.compile: a faster start).
+    ``eager``: the async engine with ``enforce_eager=True`` (no torch.compile: a faster start). One
+    in-process engine runs per process (vLLM keeps its parallel state per process), so the eager one
+    is the async engine.
 (b) Three turns with a 20 ms env step (64 tasks x 32 tokens a turn). The runner overlaps one rollout's
     env step with the others' generation. Its limit is modelled as: the offline engine generating the
     same per-turn inputs (read off the runner's own trajectories), one batch per turn, plus the one env
@@ -60,6 +64,7 @@ SINGLE_TOKENS = 64
 TURN_TOKENS = 32
 TURNS = 3
 STEP_S = 0.02
+REPEATS = 3  # runs of each variant per round, interleaved; the round keeps their median
 
 
 class SleepyEnv(gymnasium.Env[list[dict[str, str]], str]):
@@ -180,13 +185,13 @@ async def measure(run: Callable[[], Awaitable[tuple[int, float]]]) -> float:
 
 async def throughput(model_dir: Path, rounds: int, threads: int) -> None:
     print(f"starting engines (load {load()})", flush=True)
+    async_engine = VLLMEngine(model_dir)
+    eager_engine = VLLMEngine(model_dir, enforce_eager=True)
     with omp_threads(threads):
-        async_engine = VLLMEngine(model_dir)
         await async_engine.start()
+        await eager_engine.start()
     thread_engine = InProcessVLLMEngine(model_dir, cpu_threads=threads or None)
     await thread_engine.start()
-    eager_engine = InProcessVLLMEngine(model_dir, cpu_threads=threads or None, enforce_eager=True)
-    await eager_engine.start()
     offline = Offline(model_dir, threads)
     try:
         await compare(async_engine, thread_engine, eager_engine, offline, rounds)
@@ -200,7 +205,7 @@ async def throughput(model_dir: Path, rounds: int, threads: int) -> None:
 async def compare(
     async_engine: VLLMEngine,
     thread_engine: InProcessVLLMEngine,
-    eager_engine: InProcessVLLMEngine,
+    eager_engine: VLLMEngine,
     offline: Offline,
     rounds: int,
 ) -> None:
@@ -253,15 +258,15 @@ async def compare(
             "offline LLM.generate": offline_single,
             "runner, in-process engine": runner(thread_engine, single, one_turn),
             "gather, in-process engine": gather(thread_engine),
-            "runner, in-process, eager": runner(eager_engine, single, one_turn),
-            "gather, in-process, eager": gather(eager_engine),
+            "runner, async engine, eager": runner(eager_engine, single, one_turn),
+            "gather, async engine, eager": gather(eager_engine),
             "runner, async engine": runner(async_engine, single, one_turn),
             "gather, async engine": gather(async_engine),
         },
         "multi": {
             "offline per turn + 20 ms": offline_turns,
             "runner, in-process engine": runner(thread_engine, multi, three_turns),
-            "runner, in-process, eager": runner(eager_engine, multi, three_turns),
+            "runner, async engine, eager": runner(eager_engine, multi, three_turns),
             "runner, async engine": runner(async_engine, multi, three_turns),
         },
     }
@@ -272,9 +277,13 @@ async def compare(
     for round_index in range(rounds):
         for workload_name, workload in variants.items():
             names = list(workload)
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                rates.setdefault((workload_name, name), []).append(await measure(workload[name]))
+            runs: dict[str, list[float]] = {name: [] for name in names}
+            for repeat in range(REPEATS):
+                shift = (round_index + repeat) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    runs[name].append(await measure(workload[name]))
+            for name, values in runs.items():
+                rates.setdefault((workload_name, name), []).append(statistics.median(values))
         print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
 
     titles = {

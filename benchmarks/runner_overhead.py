@@ -2,15 +2,16 @@
 
 (a) Scripted engine, 1,000 and 10,000 rollouts: batch time with ``skip_failed_rollouts`` on vs off
     (no failures, so the difference is the containment machinery), and per-rollout time at 10,000 vs
-    1,000 (flat cost means the ratio stays near 1). Each round times 4 (1,000) or 2 (10,000) pairs.
+    1,000 (flat cost means the ratio stays near 1). Each round times 4 (1,000) or 3 (10,000) pairs.
 (b) Real vLLM (the bundled tiny model): tokens/s through ``BatchRunner`` (64 single-turn tasks,
     64 tokens, greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``;
-    each round times 4 pairs.
+    each round times 6 pairs.
 (c) Goodput on real vLLM: 64 three-turn rollouts, 10% failing at their second turn: trajectories kept
     with the flag vs without it (the step aborts: 0 kept).
 
-Rounds interleave the variants (alternating which runs first) and report medians, ranges and per-round
-ratios, because these machines are noisy; each part prints the load average.
+Rounds interleave the variants in pairs (alternating which runs first); a round's ratio is the median of
+its pairs' ratios, so a burst of load from elsewhere skews one pair rather than the round. Printed:
+medians and ranges over the rounds, and the load average, because these machines are noisy.
 Run: python benchmarks/runner_overhead.py [--rounds N] [--skip-vllm]
 """
 
@@ -83,15 +84,20 @@ def spread(values: list[float], digits: int = 3) -> str:
 
 async def side_by_side(
     first: Callable[[], Awaitable[Any]], second: Callable[[], Awaitable[Any]], pairs: int
-) -> tuple[float, float]:
-    """Total seconds of ``pairs`` runs of each, interleaved and alternating which goes first, so that
+) -> tuple[list[float], list[float]]:
+    """Seconds of each of ``pairs`` runs of each, interleaved and alternating which goes first, so that
     both see the same machine (and neither always pays the other's garbage)."""
-    totals = [0.0, 0.0]
+    times: tuple[list[float], list[float]] = ([], [])
     for pair in range(pairs):
         order = (0, 1) if pair % 2 == 0 else (1, 0)
         for index in order:
-            totals[index] += await timed((first, second)[index])
-    return totals[0], totals[1]
+            times[index].append(await timed((first, second)[index]))
+    return times
+
+
+def paired(top: list[float], bottom: list[float]) -> float:
+    """The median of the pairs' ratios: a burst of load from elsewhere skews one pair, not the round."""
+    return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
 
 
 async def scripted_overhead(rounds: int) -> None:
@@ -99,7 +105,7 @@ async def scripted_overhead(rounds: int) -> None:
     ratios: dict[int, list[float]] = {}
     per_rollout: dict[int, list[float]] = {}
     for _ in range(rounds):
-        for n, pairs in ((1_000, 4), (10_000, 2)):
+        for n, pairs in ((1_000, 4), (10_000, 3)):
             batch = make_tasks(n)
             off, on = (
                 BatchRunner(engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2))
@@ -108,8 +114,8 @@ async def scripted_overhead(rounds: int) -> None:
             off_s, on_s = await side_by_side(
                 functools.partial(off.generate, batch), functools.partial(on.generate, batch), pairs
             )
-            ratios.setdefault(n, []).append(on_s / off_s)
-            per_rollout.setdefault(n, []).append(on_s / pairs / n)
+            ratios.setdefault(n, []).append(paired(on_s, off_s))
+            per_rollout.setdefault(n, []).append(statistics.median(on_s) / n)
     print(f"(a) scripted engine, 2 turns per rollout, {rounds} rounds: median [range]; load {load()}")
     for n in (1_000, 10_000):
         print(
@@ -145,13 +151,14 @@ async def vllm_throughput_and_goodput(rounds: int) -> None:
 
         await through_runner()  # warm-up: compile and cache
         await straight()
-        pairs = 4
+        pairs = 6
         rates: dict[str, list[float]] = {"runner": [], "gather": []}
+        ratio: list[float] = []
         for _ in range(rounds):
             runner_s, gather_s = await side_by_side(through_runner, straight, pairs)
-            rates["runner"].append(tokens["runner"] * pairs / runner_s)
-            rates["gather"].append(tokens["gather"] * pairs / gather_s)
-        ratio = [r / g for r, g in zip(rates["runner"], rates["gather"], strict=True)]
+            rates["runner"].append(tokens["runner"] / statistics.median(runner_s))
+            rates["gather"].append(tokens["gather"] / statistics.median(gather_s))
+            ratio.append(paired(gather_s, runner_s))  # time ratio inverted: a ratio of tokens/s
         print(
             f"(b) real vLLM, 64 single-turn tasks x 64 tokens, greedy, {rounds} rounds of {pairs} pairs; "
             f"load {load()}"
