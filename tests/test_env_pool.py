@@ -153,3 +153,41 @@ async def test_a_failing_call_submitted_together_does_not_stop_the_next() -> Non
         assert await close == "closed"
     finally:
         pool.shutdown()
+
+
+async def test_calls_waiting_behind_slow_calls_get_threads_of_their_own_up_to_the_pools_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pool_module, "BASE_THREADS", 1)
+    monkeypatch.setattr(pool_module, "GROW_AFTER_S", 0.01)
+    pool = EnvPool(3, name="test-pool-grow")
+    running: list[str] = []
+    release = threading.Event()
+
+    def slow() -> bool:
+        running.append(threading.current_thread().name)
+        return release.wait(SETTLE_S)
+
+    calls = [pool.submit(slow) for _ in range(5)]
+    try:
+        assert await eventually(lambda: len(running) == 3)
+        await asyncio.sleep(0.1)  # time for a fourth thread, were the pool to take one
+        assert sorted(running) == ["test-pool-grow_0", "test-pool-grow_1", "test-pool-grow_2"]
+    finally:
+        release.set()
+        await asyncio.gather(*calls)
+        pool.shutdown()
+    assert len(running) == 5
+
+
+async def test_fast_calls_stay_on_the_pools_base_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "BASE_THREADS", 2)
+    monkeypatch.setattr(pool_module, "GROW_AFTER_S", 1.0)  # no call here runs anywhere near that long
+    pool = EnvPool(16, name="test-pool-fast")
+    try:
+        names = await asyncio.gather(
+            *(pool.submit(lambda: threading.current_thread().name) for _ in range(50))
+        )
+    finally:
+        pool.shutdown()
+    assert set(names) <= {"test-pool-fast_0", "test-pool-fast_1"}
