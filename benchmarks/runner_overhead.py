@@ -2,7 +2,7 @@
 
 (a) Scripted engine, 1,000 and 10,000 rollouts: batch time with ``skip_failed_rollouts`` on vs off
     (no failures, so the difference is the containment machinery), and per-rollout time at 10,000 vs
-    1,000 (flat cost means the ratio stays near 1). Each round times 4 (1,000) or 3 (10,000) pairs.
+    1,000 (flat cost means the ratio stays near 1). Each round times 6 (1,000) or 5 (10,000) pairs.
 (b) Real vLLM (the bundled tiny model): tokens/s through ``BatchRunner`` (64 single-turn tasks,
     64 tokens, greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``;
     each round times 6 pairs.
@@ -105,7 +105,7 @@ async def scripted_overhead(rounds: int) -> None:
     ratios: dict[int, list[float]] = {}
     per_rollout: dict[int, list[float]] = {}
     for _ in range(rounds):
-        for n, pairs in ((1_000, 4), (10_000, 3)):
+        for n, pairs in ((1_000, 6), (10_000, 5)):
             batch = make_tasks(n)
             off, on = (
                 BatchRunner(engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2))
