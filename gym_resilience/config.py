@@ -53,10 +53,7 @@ class RunnerConfig:
         max_concurrency: rollouts in flight at once (started as others finish); None for the whole
             batch at once. The default, 256, is vLLM's default batch size: more rollouts in flight would
             only queue in the engine while holding envs open.
-        env_threads: the most threads running the (synchronous) env calls at once, so a slow env never
-            blocks the loop. A batch uses 16 while its env calls are fast, and up to this many, one
-            per waiting call, once calls take 10 ms or more (tool calls, sandboxes): fast calls
-            contend less for the GIL on fewer threads, slow ones wait less on more.
+        env_threads: threads running the (synchronous) env calls, so a slow env never blocks the loop.
         retry: rerun a rollout that failed with a transient error (``retry.retry_on`` anywhere in its
             ``__cause__`` chain) from scratch with a fresh env, before it counts as failed.
         max_failed_fraction: with ``skip_failed_rollouts``, raise ``FailureBudgetExceededError`` when
@@ -100,7 +97,7 @@ class RunnerConfig:
     zero_reward_on_non_stop: bool = False
     apply_overlong_filtering: bool = False
     max_concurrency: int | None = 256
-    env_threads: int = 64
+    env_threads: int = 16
     retry: RetryPolicy | None = None
     max_failed_fraction: float | None = None
     generation_timeout_s: float | None = None

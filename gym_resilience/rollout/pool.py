@@ -21,21 +21,15 @@ import contextvars
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["BASE_THREADS", "GROW_AFTER_S", "IDLE_S", "EnvPool", "idle_threads"]
+__all__ = ["IDLE_S", "EnvPool", "idle_threads"]
 
 T = TypeVar("T")
 
 IDLE_S = 60.0
 """How long a thread let go by its pool waits for the next one before it ends."""
-BASE_THREADS = 16
-"""The threads a pool takes for calls as they come; more only for slow calls (``GROW_AFTER_S``)."""
-GROW_AFTER_S = 0.01
-"""How long a call must have run before the calls waiting behind it get threads of their own: two of
-the interpreter's switch intervals, so that a fast call waiting for the GIL does not count as slow."""
 
 _IDLE_NAME = "gym-resilience-env-idle"
 
@@ -49,12 +43,6 @@ class EnvPool:
 
     Like ``loop.run_in_executor``, a call whose future is cancelled before a thread takes it never runs,
     and cancelling the future of a call already running only stops the wait: the thread finishes it.
-
-    The pool starts with ``BASE_THREADS`` and takes more only for slow calls: when a call has waited
-    ``GROW_AFTER_S`` behind a thread busy that long or longer, it takes a thread for every call waiting
-    (up to ``threads``). Fast calls (an env built or stepped in microseconds) stay on few threads, which
-    contend less for the GIL with the event loop and an in-process engine; slow ones (a tool call, a
-    sandbox starting, a hung env) get a thread each within ``GROW_AFTER_S``.
     """
 
     def __init__(self, threads: int, name: str) -> None:
@@ -63,10 +51,8 @@ class EnvPool:
         self._name = name
         self._calls: queue.SimpleQueue[_Calls | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards the fields below
-        self._busy_since: list[float | None] = []  # per thread taken: when its call started, None idle
+        self._threads = 0  # taken so far
         self._idle = 0  # threads free for a call not yet taken
-        self._waiting = 0  # calls queued that no thread is free for yet
-        self._growing: asyncio.TimerHandle | None = None  # a check for slow calls is scheduled
         self._outcomes: list[_Outcome] = []  # not yet handed to the loop
         self._waking = False  # a hand-over is scheduled on the loop
         self._shut = False
@@ -87,68 +73,31 @@ class EnvPool:
             self._calls.put((contextvars.copy_context(), list(zip(futures, calls, strict=True))))
             if self._idle:
                 self._idle -= 1
-            elif len(self._busy_since) < min(BASE_THREADS, self._max_threads):
-                self._take_threads(1)
-            else:
-                self._waiting += 1
-                if self._growing is None and len(self._busy_since) < self._max_threads:
-                    self._growing = self._loop.call_later(GROW_AFTER_S, self._grow)
+            elif self._threads < self._max_threads:
+                _Worker.take().serve(self, f"{self._name}_{self._threads}")
+                self._threads += 1
         return futures
-
-    def _grow(self) -> None:
-        """A thread for every call waiting, if a call has run ``GROW_AFTER_S`` or longer; checked again
-        after as long while calls wait and more threads may be taken."""
-        with self._lock:
-            self._growing = None
-            if self._shut or not self._waiting:
-                return
-            slow_since = time.monotonic() - GROW_AFTER_S
-            if any(started is not None and started <= slow_since for started in self._busy_since):
-                added = min(self._waiting, self._max_threads - len(self._busy_since))
-                self._take_threads(added)
-                self._waiting -= added
-            if self._waiting and len(self._busy_since) < self._max_threads:
-                self._growing = self._loop.call_later(GROW_AFTER_S, self._grow)
-
-    def _take_threads(self, count: int) -> None:
-        for _ in range(count):
-            slot = len(self._busy_since)
-            self._busy_since.append(None)
-            _Worker.take().serve(self, slot, f"{self._name}_{slot}")
 
     def shutdown(self) -> None:
         """Let each thread go once the calls queued so far have run; returns at once."""
         with self._lock:
             self._shut = True
-            threads = len(self._busy_since)
-            if self._growing is not None:
-                self._growing.cancel()
-                self._growing = None
+            threads = self._threads
         for _ in range(threads):
             self._calls.put(None)
 
-    def work(self, slot: int) -> None:
-        """Run calls on this thread (the pool's ``slot``) until the pool lets it go (``_Worker`` calls it)."""
-        busy_since = self._busy_since
+    def work(self) -> None:
+        """Run calls on this thread until the pool lets it go (``_Worker`` calls it)."""
         while (item := self._calls.get()) is not None:
             context, calls = item
-            busy_since[slot] = time.monotonic()  # a list slot of its own: no lock needed
             for index, (future, call) in enumerate(calls, start=1):
-                outcome = _outcome(future, context, call)
-                last = index == len(calls)
-                if last:
-                    busy_since[slot] = None
                 # The thread is free for the next call once the last of these is handed over.
-                self._hand_over(outcome, free=last)
-            del item, calls, future, call, context, outcome
+                self._hand_over(_outcome(future, context, call), free=index == len(calls))
+            del item, calls, future, call, context
 
     def _hand_over(self, outcome: _Outcome, *, free: bool) -> None:
         with self._lock:
-            if free:
-                if self._waiting:  # this thread takes one of them next
-                    self._waiting -= 1
-                else:
-                    self._idle += 1
+            self._idle += free
             self._outcomes.append(outcome)
             if self._waking:
                 return
@@ -186,7 +135,7 @@ class _Worker:
     _idle_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue[tuple[EnvPool, int, str]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[EnvPool, str]] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=_IDLE_NAME, daemon=True)
         self.thread.start()
 
@@ -204,21 +153,21 @@ class _Worker:
         cls._idle = []
         cls._idle_lock = threading.Lock()
 
-    def serve(self, pool: EnvPool, slot: int, name: str) -> None:
-        self._inbox.put((pool, slot, name))
+    def serve(self, pool: EnvPool, name: str) -> None:
+        self._inbox.put((pool, name))
 
     def _run(self) -> None:
         thread = self.thread
         while True:
             try:
-                pool, slot, thread.name = self._inbox.get(timeout=IDLE_S)
+                pool, thread.name = self._inbox.get(timeout=IDLE_S)
             except queue.Empty:
                 with self._idle_lock:
                     if self in self._idle:  # nobody took it meanwhile
                         self._idle.remove(self)
                         return
                 continue  # taken just now: its pool is on the way
-            pool.work(slot)
+            pool.work()
             del pool  # an idle thread keeps no pool (nor its event loop) alive
             thread.name = _IDLE_NAME
             with self._idle_lock:
