@@ -199,6 +199,7 @@ def test_an_actor_killed_from_outside_raises_env_worker_died_error_naming_its_no
     env = RayEnv(ScriptableEnv, name="gym-resilience-test-victim")
     env.reset()
     ray.kill(ray.get_actor("gym-resilience-test-victim"))
+    assert_dead(ray_cluster, env.actor_id)  # ray.kill only asks: a step sent before the kill lands succeeds
     with pytest.raises(EnvWorkerDiedError) as caught:
         env.step("x")
     error = caught.value
