@@ -87,8 +87,7 @@ class EnvCalls:
         """Start closing ``env`` (once: a close already queued is returned): after its call in flight,
         or, for an isolated env, beside it."""
         if self._closing is None:
-            isolated = isinstance(env.unwrapped, WorkerEnv)
-            self._closing = self._pool.submit(env.close) if isolated else self.submit(env.close)
+            self._closing = self._pool.submit(env.close) if _isolated(env) else self.submit(env.close)
         return self._closing
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
@@ -98,7 +97,7 @@ class EnvCalls:
         """``env.step(action)`` with the env's close queued behind it in the same hop (the rollout ends
         whatever the step does); ``close`` then returns that close. An isolated env steps alone: its
         close must be able to run beside a stuck step."""
-        if isinstance(env.unwrapped, WorkerEnv):
+        if _isolated(env):
             return await self(env.step, action)
         step, self._closing = self._pool.submit_all(self._locked(env.step, action), self._locked(env.close))
         return await self._timed(step)
@@ -109,6 +108,11 @@ class EnvCalls:
             return await call
         finally:
             self._progress.env_s += time.perf_counter() - start
+
+
+def _isolated(env: ResilientEnv[Any, Any]) -> bool:
+    """Whether the env lives in a worker process or a Ray actor, which a close kills even mid-call."""
+    return isinstance(env.unwrapped, WorkerEnv)
 
 
 class _Abandoned(Exception):
@@ -163,7 +167,7 @@ class _EnvBuild:
             raise _Abandoned
         env = self._make(self._abort)
         reset = None
-        if not self._abandoned and not isinstance(env.unwrapped, WorkerEnv):
+        if not self._abandoned and not _isolated(env):
             reset = _timed(lambda: self._reset(env))
         with self._lock:
             if not self._abandoned:
