@@ -3,10 +3,12 @@
 Every engine runs in this one process on the bundled tiny model (float32, as gym_resilience runs it):
 vLLM's offline ``LLM.generate`` (the limit: no asyncio, no runner), ``InProcessVLLMEngine`` (the same
 engine stepped by a thread) and ``VLLMEngine`` (vLLM's async engine, its core in a child process).
-Each round runs every variant three times, interleaved and rotating their order, and keeps each
-variant's median (a burst of load from elsewhere skews one run, not the round); the figures are the
-medians and ranges of those over the rounds, and ratios per round, because these machines are noisy.
-The load average is printed with each round.
+Each round runs every variant five times, each time right beside a run of the limit (the first row),
+alternating which goes first and rotating the variants' order. A round's ratio is the median of its
+five pairs' ratios (a burst of load from elsewhere skews one pair, not the round); beside it, the ratio
+of the round's fastest runs (load from elsewhere only ever adds time). The figures are the medians and
+ranges of those over the rounds, because these machines are noisy. The load average is printed with
+each round.
 
 (a) Single turn: 64 tasks x 64 tokens, greedy. Offline: ``LLM.generate`` on the same prompt ids.
     ``gather``: the prompt ids fanned straight into the engine, to tell the runner's cost from the engine's;
@@ -64,7 +66,7 @@ SINGLE_TOKENS = 64
 TURN_TOKENS = 32
 TURNS = 3
 STEP_S = 0.02
-REPEATS = 3  # runs of each variant per round, interleaved; the round keeps their median
+REPEATS = 5  # pairs (variant beside a limit run) per variant per round; the round keeps their medians
 
 
 class SleepyEnv(gymnasium.Env[list[dict[str, str]], str]):
@@ -172,9 +174,8 @@ def seconds(values: list[float]) -> str:
     return f"{statistics.median(values):5.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
-def ratios(top: list[float], bottom: list[float]) -> str:
-    paired = [a / b for a, b in zip(top, bottom, strict=True)]
-    return f"{statistics.median(paired):.3f} [{min(paired):.3f}-{max(paired):.3f}]"
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
 async def measure(run: Callable[[], Awaitable[tuple[int, float]]]) -> float:
@@ -271,19 +272,32 @@ async def compare(
         },
     }
     rates: dict[tuple[str, str], list[float]] = {}
+    to_limit: dict[tuple[str, str], list[float]] = {}
+    best_to_limit: dict[tuple[str, str], list[float]] = {}
     for workload in variants.values():  # warm-up: compile and cache every shape once
         for run in workload.values():
             await run()
     for round_index in range(rounds):
         for workload_name, workload in variants.items():
-            names = list(workload)
-            runs: dict[str, list[float]] = {name: [] for name in names}
+            limit, *names = list(workload)
+            runs: dict[str, list[float]] = {name: [] for name in [limit, *names]}
+            pair_ratios: dict[str, list[float]] = {name: [] for name in names}
             for repeat in range(REPEATS):
                 shift = (round_index + repeat) % len(names)
-                for name in names[shift:] + names[:shift]:
-                    runs[name].append(await measure(workload[name]))
+                for index, name in enumerate(names[shift:] + names[:shift]):
+                    # Each variant runs beside a limit run of its own, alternating which goes first.
+                    order = (limit, name) if (repeat + index) % 2 == 0 else (name, limit)
+                    rate = {side: await measure(workload[side]) for side in order}
+                    runs[limit].append(rate[limit])
+                    runs[name].append(rate[name])
+                    pair_ratios[name].append(rate[name] / rate[limit])
             for name, values in runs.items():
-                rates.setdefault((workload_name, name), []).append(statistics.median(values))
+                key = (workload_name, name)
+                rates.setdefault(key, []).append(statistics.median(values))
+                to_limit.setdefault(key, []).append(
+                    statistics.median(pair_ratios[name]) if name != limit else 1.0
+                )
+                best_to_limit.setdefault(key, []).append(max(values) / max(runs[limit]))
         print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
 
     titles = {
@@ -291,12 +305,16 @@ async def compare(
         "multi": f"(b) {TURNS} turns, {STEP_S * 1e3:.0f} ms env step, {TASKS} tasks x {TURN_TOKENS} tokens",
     }
     for workload_name, workload in variants.items():
-        names = list(workload)
-        limit = rates[(workload_name, names[0])]
-        print(f"{titles[workload_name]}: tok/s median [range] of {rounds} rounds; ratio to the first row")
-        for name in names:
-            values = rates[(workload_name, name)]
-            print(f"    {name:<28} {summary(values)}   {ratios(values, limit)}")
+        print(
+            f"{titles[workload_name]}: tok/s median [range] of {rounds} rounds; ratio to the first row "
+            f"(a round's: the median of its {REPEATS} pairs' ratios), and of the rounds' fastest runs"
+        )
+        for name in workload:
+            key = (workload_name, name)
+            print(
+                f"    {name:<28} {summary(rates[key])}   {spread(to_limit[key])}   "
+                f"fastest {spread(best_to_limit[key])}"
+            )
 
 
 @contextmanager

@@ -1,17 +1,20 @@
 """What containment costs and what it saves, measured side by side in one run.
 
 (a) Scripted engine, 1,000 and 10,000 rollouts: batch time with ``skip_failed_rollouts`` on vs off
-    (no failures, so the difference is the containment machinery), and per-rollout time at 10,000 vs
-    1,000 (flat cost means the ratio stays near 1). Each round times 6 (1,000) or 5 (10,000) pairs.
+    (no failures, so the difference is the containment machinery), beside two runners with the flag
+    off (the same code on both sides: how far apart this machine puts identical runs), and per-rollout
+    time at 10,000 vs 1,000 (flat cost means the ratio stays near 1). Each round runs the three 6
+    (1,000) or 7 (10,000) times, rotating their order.
 (b) Real vLLM (the bundled tiny model): tokens/s through ``BatchRunner`` (64 single-turn tasks,
     64 tokens, greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``;
-    each round times 6 pairs.
+    each round times 10 pairs.
 (c) Goodput on real vLLM: 64 three-turn rollouts, 10% failing at their second turn: trajectories kept
     with the flag vs without it (the step aborts: 0 kept).
 
 Rounds interleave the variants in pairs (alternating which runs first); a round's ratio is the median of
-its pairs' ratios, so a burst of load from elsewhere skews one pair rather than the round. Printed:
-medians and ranges over the rounds, and the load average, because these machines are noisy.
+its pairs' ratios, so a burst of load from elsewhere skews one pair rather than the round, and beside it
+the ratio of the round's fastest runs (load from elsewhere only ever adds time). Printed: medians and
+ranges over the rounds, and the load average, because these machines are noisy.
 Run: python benchmarks/runner_overhead.py [--rounds N] [--skip-vllm]
 """
 
@@ -82,16 +85,14 @@ def spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
-async def side_by_side(
-    first: Callable[[], Awaitable[Any]], second: Callable[[], Awaitable[Any]], pairs: int
-) -> tuple[list[float], list[float]]:
-    """Seconds of each of ``pairs`` runs of each, interleaved and alternating which goes first, so that
-    both see the same machine (and neither always pays the other's garbage)."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for pair in range(pairs):
-        order = (0, 1) if pair % 2 == 0 else (1, 0)
-        for index in order:
-            times[index].append(await timed((first, second)[index]))
+async def interleaved(runs: list[Callable[[], Awaitable[Any]]], repeats: int) -> list[list[float]]:
+    """Seconds of each of ``repeats`` runs of each of ``runs``, one of each in turn, rotating which goes
+    first, so that all see the same machine (and none always pays another's garbage)."""
+    times: list[list[float]] = [[] for _ in runs]
+    for repeat in range(repeats):
+        shift = repeat % len(runs)
+        for index in [*range(shift, len(runs)), *range(shift)]:
+            times[index].append(await timed(runs[index]))
     return times
 
 
@@ -100,26 +101,39 @@ def paired(top: list[float], bottom: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
 
 
+def fastest(top: list[float], bottom: list[float]) -> float:
+    """The ratio of the fastest runs: load from elsewhere only ever adds time, so the fastest run of each
+    is the closest to its own cost."""
+    return min(top) / min(bottom)
+
+
 async def scripted_overhead(rounds: int) -> None:
     engine = ScriptedEngine()
     ratios: dict[int, list[float]] = {}
+    best: dict[int, list[float]] = {}
+    control: dict[int, list[float]] = {}
     per_rollout: dict[int, list[float]] = {}
     for _ in range(rounds):
-        for n, pairs in ((1_000, 6), (10_000, 5)):
+        for n, repeats in ((1_000, 6), (10_000, 7)):
             batch = make_tasks(n)
-            off, on = (
+            # A second runner with the flag off: two identical sides show how far apart this machine
+            # puts the same code (with no failures, on and off run the same code too).
+            off, on, off_again = (
                 BatchRunner(engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2))
-                for flag in (False, True)
+                for flag in (False, True, False)
             )
-            off_s, on_s = await side_by_side(
-                functools.partial(off.generate, batch), functools.partial(on.generate, batch), pairs
+            off_s, on_s, again_s = await interleaved(
+                [functools.partial(runner.generate, batch) for runner in (off, on, off_again)], repeats
             )
             ratios.setdefault(n, []).append(paired(on_s, off_s))
+            best.setdefault(n, []).append(fastest(on_s, off_s))
+            control.setdefault(n, []).append(paired(again_s, off_s))
             per_rollout.setdefault(n, []).append(statistics.median(on_s) / n)
     print(f"(a) scripted engine, 2 turns per rollout, {rounds} rounds: median [range]; load {load()}")
     for n in (1_000, 10_000):
         print(
-            f"    {n:>6} rollouts: flag on/off per round {spread(ratios[n])}, "
+            f"    {n:>6} rollouts: flag on/off per round {spread(ratios[n])}, fastest runs "
+            f"{spread(best[n])}; off/off (the noise) {spread(control[n])}; "
             f"per rollout (flag on) {statistics.median(per_rollout[n]) * 1e6:.0f} us"
         )
     growth = [large / small for large, small in zip(per_rollout[10_000], per_rollout[1_000], strict=True)]
@@ -151,21 +165,25 @@ async def vllm_throughput_and_goodput(rounds: int) -> None:
 
         await through_runner()  # warm-up: compile and cache
         await straight()
-        pairs = 6
+        pairs = 10
         rates: dict[str, list[float]] = {"runner": [], "gather": []}
         ratio: list[float] = []
+        best: list[float] = []
         for _ in range(rounds):
-            runner_s, gather_s = await side_by_side(through_runner, straight, pairs)
+            runner_s, gather_s = await interleaved([through_runner, straight], pairs)
             rates["runner"].append(tokens["runner"] / statistics.median(runner_s))
             rates["gather"].append(tokens["gather"] / statistics.median(gather_s))
-            ratio.append(paired(gather_s, runner_s))  # time ratio inverted: a ratio of tokens/s
+            # Time ratios inverted: ratios of tokens/s.
+            ratio.append(paired(gather_s, runner_s))
+            best.append(fastest(gather_s, runner_s))
         print(
             f"(b) real vLLM, 64 single-turn tasks x 64 tokens, greedy, {rounds} rounds of {pairs} pairs; "
             f"load {load()}"
         )
         print(
             f"    BatchRunner {spread(rates['runner'], 0)} tok/s, "
-            f"asyncio.gather {spread(rates['gather'], 0)} tok/s, runner/gather per round {spread(ratio)}"
+            f"asyncio.gather {spread(rates['gather'], 0)} tok/s, runner/gather per round {spread(ratio)}, "
+            f"fastest runs {spread(best)}"
         )
 
         flaky = make_tasks(64, fail_every=10)
