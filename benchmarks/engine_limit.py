@@ -6,7 +6,8 @@ engine stepped by a thread) and ``VLLMEngine`` (vLLM's async engine, its core in
 Each round runs every variant five times, each time right beside a run of the limit (the first row),
 alternating which goes first and rotating the variants' order. A round's ratio is the median of its
 five pairs' ratios (a burst of load from elsewhere skews one pair, not the round); beside it, the ratio
-of the round's fastest runs (load from elsewhere only ever adds time). The figures are the medians and
+of the fastest of those five runs to the fastest of their five limit runs (load from elsewhere only
+ever adds time). The figures are the medians and
 ranges of those over the rounds, because these machines are noisy. The load average is printed with
 each round.
 
@@ -282,6 +283,7 @@ async def compare(
             limit, *names = list(workload)
             runs: dict[str, list[float]] = {name: [] for name in [limit, *names]}
             pair_ratios: dict[str, list[float]] = {name: [] for name in names}
+            beside: dict[str, list[float]] = {name: [] for name in names}  # each one's own limit runs
             for repeat in range(REPEATS):
                 shift = (round_index + repeat) % len(names)
                 for index, name in enumerate(names[shift:] + names[:shift]):
@@ -290,14 +292,14 @@ async def compare(
                     rate = {side: await measure(workload[side]) for side in order}
                     runs[limit].append(rate[limit])
                     runs[name].append(rate[name])
+                    beside[name].append(rate[limit])
                     pair_ratios[name].append(rate[name] / rate[limit])
             for name, values in runs.items():
                 key = (workload_name, name)
                 rates.setdefault(key, []).append(statistics.median(values))
-                to_limit.setdefault(key, []).append(
-                    statistics.median(pair_ratios[name]) if name != limit else 1.0
-                )
-                best_to_limit.setdefault(key, []).append(max(values) / max(runs[limit]))
+                paired_with = beside.get(name, values)
+                to_limit.setdefault(key, []).append(statistics.median(pair_ratios.get(name, [1.0])))
+                best_to_limit.setdefault(key, []).append(max(values) / max(paired_with))
         print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
 
     titles = {
