@@ -25,6 +25,7 @@ from gym_resilience.engines import Engine, Sampling
 from gym_resilience.engines.common import finish_reason
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs, vllm_environment
+from gym_resilience.engines.vllm_common import sampling_params
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
     DependencyNotInstalledError,
@@ -78,6 +79,16 @@ def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
     ]
     with pytest.raises(EngineError, match="'error'"):
         finish_reason("error")
+
+
+def test_each_request_gets_sampling_params_of_its_own_that_vllm_need_not_copy() -> None:
+    sampling = Sampling(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop_token_ids=(2,))
+    first, second = sampling_params(sampling), sampling_params(sampling)
+    assert first is not second and first.stop_token_ids is not second.stop_token_ids
+    # vLLM's clone() returns a shallow copy of params marked this way instead of deep-copying them.
+    assert first.skip_clone and first.clone() is not first and first.clone().max_tokens == 7
+    assert (first.max_tokens, first.temperature, first.top_p, first.seed) == (7, 0.5, 0.9, 3)
+    assert first.stop_token_ids == [2] and first.detokenize is False
 
 
 def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:
