@@ -7,9 +7,8 @@ Each round runs every variant five times, each time right beside a run of the li
 alternating which goes first and rotating the variants' order. A round's ratio is the median of its
 five pairs' ratios (a burst of load from elsewhere skews one pair, not the round); beside it, the ratio
 of the fastest of those five runs to the fastest of their five limit runs (load from elsewhere only
-ever adds time). The figures are the medians and
-ranges of those over the rounds, because these machines are noisy. The load average is printed with
-each round.
+ever adds time). The figures are the medians and ranges of those over the rounds, because these
+machines are noisy. The load average is printed with each round.
 
 (a) Single turn: 64 tasks x 64 tokens, greedy. Offline: ``LLM.generate`` on the same prompt ids.
     ``gather``: the prompt ids fanned straight into the engine, to tell the runner's cost from the engine's;
@@ -295,11 +294,11 @@ async def compare(
                     beside[name].append(rate[limit])
                     pair_ratios[name].append(rate[name] / rate[limit])
             for name, values in runs.items():
+                rates.setdefault((workload_name, name), []).append(statistics.median(values))
+            for name in names:
                 key = (workload_name, name)
-                rates.setdefault(key, []).append(statistics.median(values))
-                paired_with = beside.get(name, values)
-                to_limit.setdefault(key, []).append(statistics.median(pair_ratios.get(name, [1.0])))
-                best_to_limit.setdefault(key, []).append(max(values) / max(paired_with))
+                to_limit.setdefault(key, []).append(statistics.median(pair_ratios[name]))
+                best_to_limit.setdefault(key, []).append(max(runs[name]) / max(beside[name]))
         print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
 
     titles = {
@@ -311,7 +310,9 @@ async def compare(
             f"{titles[workload_name]}: tok/s median [range] of {rounds} rounds; ratio to the first row "
             f"(a round's: the median of its {REPEATS} pairs' ratios), and of the rounds' fastest runs"
         )
-        for name in workload:
+        limit, *names = list(workload)
+        print(f"    {limit:<28} {summary(rates[(workload_name, limit)])}   1 (the limit)")
+        for name in names:
             key = (workload_name, name)
             print(
                 f"    {name:<28} {summary(rates[key])}   {spread(to_limit[key])}   "
