@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gym_resilience.models import build_tiny_model
 from gym_resilience.rollout import ChatCodec
 from gym_resilience.tasks import ChatMessage
@@ -71,3 +74,42 @@ async def test_a_rollout_cancelled_while_its_prompt_is_encoded_leaves_the_others
     cancelled.cancel()
     assert await kept == codec.prompt(user("task 1"))
     assert cancelled.cancelled()
+
+
+# Decoding generated ids: the Rust tokenizer's own decode where Hugging Face's wrapper adds nothing.
+
+
+def tiny_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tiny_model())
+
+
+TOKENIZER = tiny_tokenizer()
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_decoding_gives_what_the_hugging_face_tokenizer_gives_skipping_special_tokens(
+    data: st.DataObject,
+) -> None:
+    tokenizer = TOKENIZER
+    special = sorted(tokenizer.all_special_ids)
+    ids = data.draw(st.lists(st.integers(0, len(tokenizer) - 1) | st.sampled_from(special), max_size=80))
+    assert ChatCodec(tokenizer).decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_tokenizer_that_decodes_its_own_way_is_decoded_its_way() -> None:
+    tokenizer = tiny_tokenizer()
+
+    class Shouting(type(tokenizer)):  # type: ignore[misc]
+        def decode(self, token_ids: Any, **kwargs: Any) -> str:
+            return str(super().decode(token_ids, **kwargs)).upper()
+
+    tokenizer.__class__ = Shouting
+    ids = tokenizer.encode("hello there", add_special_tokens=False)
+    assert ChatCodec(tokenizer).decode(ids) == "HELLO THERE"
+    tokenizer.__class__ = Shouting.__mro__[1]
+    tokenizer.clean_up_tokenization_spaces = True  # the wrapper edits the text after the Rust decode
+    spaced = tokenizer.encode("a , b", add_special_tokens=False)
+    assert ChatCodec(tokenizer).decode(spaced) == tokenizer.decode(spaced, skip_special_tokens=True)

@@ -317,6 +317,24 @@ def test_generate_metrics_count_every_row_placeholders_included() -> None:
     assert metrics == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    "mask",
+    [
+        [1, 1, 0, 1, 0, 0, 1, 1],
+        [True, True, False, True, False, False, True, True],
+        [1, 2, 0, 1, 0, 0, 300, 1],
+    ],
+    ids=["ints", "bools", "nonzero beyond one"],
+)
+def test_tokens_per_turn_count_the_runs_of_nonzero_mask_entries_of_any_row_type(mask: list[int]) -> None:
+    output = build_batch_output(rows())
+    output.loss_masks = [list(mask), tuple(mask), np.array(mask)]  # type: ignore[list-item]
+    metrics = generate_metrics(output)
+    # Each row: turns of 2, 1 and 2 tokens.
+    assert metrics["generate/tokens_per_turn_mean"] == pytest.approx(5 / 3)
+    assert metrics["generate/tokens_per_turn_max"] == 2.0
+
+
 def test_generate_metrics_of_time_splits_include_the_time_in_no_named_part() -> None:
     successes = [rows()[0], rows()[2]]
     metrics = generate_metrics(build_batch_output(successes))

@@ -8,8 +8,8 @@ them start and shut down. No process is ever started: the engine runs in a threa
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +165,20 @@ async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keep
 
 
 @slow
+@slow
+async def test_generate_from_another_event_loop_is_refused_and_the_engine_serves_on(
+    engine: InProcessVLLMEngine,
+) -> None:
+    prompt = chat_prompt(engine)
+    elsewhere = engine.generate(prompt, Sampling(max_tokens=4))
+    with pytest.raises(UnsupportedConfigError, match="another event loop") as refused:
+        await asyncio.to_thread(asyncio.run, elsewhere)
+    assert refused.value.option == "event loop"
+    assert engine.num_unfinished_requests == 0
+    served = await engine.generate(prompt, Sampling(max_tokens=4))
+    assert served.finish_reason in ("stop", "length") and served.token_ids
+
+
 async def test_a_deadline_aborts_the_request_like_a_cancellation(engine: InProcessVLLMEngine) -> None:
     prompt = chat_prompt(engine)
     with pytest.raises(TimeoutError):
@@ -269,29 +283,69 @@ def add(request_id: str) -> vllm_inprocess._Add:
     return vllm_inprocess._Add(request_id, None, None, None)  # type: ignore[arg-type]
 
 
-def test_an_idle_engine_takes_the_requests_queued_behind_the_first_as_one_burst_up_to_a_stop() -> None:
-    commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    stop = vllm_inprocess._Stop()
-    for command in (add("a"), add("b"), add("c"), stop, add("after the stop")):
-        commands.put(command)
-    assert [getattr(c, "request_id", c) for c in vllm_inprocess._burst(commands)] == ["a", "b", "c", stop]
-    assert commands.get_nowait().request_id == "after the stop"
+def driver() -> vllm_inprocess._Driver:
+    """A driver whose thread never starts: its queue and its burst, on the running loop."""
+    return vllm_inprocess._Driver(lambda: None, asyncio.get_running_loop(), None)
 
 
-def test_a_burst_takes_requests_that_arrive_while_it_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_inprocess, "BURST_GAP_S", 60.0)  # however late the other thread runs
+def names(commands: list[Any]) -> list[Any]:
+    return [getattr(command, "request_id", command) for command in commands]
+
+
+async def test_an_idle_engine_waits_for_the_event_loop_to_end_the_pass_that_sent_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_inprocess, "BURST_MAX_S", 60.0)  # only the end of the pass ends the wait
+    idle = driver()
+    burst = asyncio.ensure_future(asyncio.to_thread(idle._burst))
+    await asyncio.sleep(0.05)  # the thread waits for a first command
+
+    def one_pass() -> None:
+        idle.submit(add("first"))
+        time.sleep(0.1)  # a slow pass: the engine thread has the first request and must wait for the rest
+        idle.submit(add("second"))
+
+    asyncio.get_running_loop().call_soon(one_pass)
+    assert names(await asyncio.wait_for(burst, 30)) == ["first", "second"]
+
+
+async def test_a_stop_that_finds_the_engine_idle_is_taken_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_inprocess, "BURST_MAX_S", 60.0)
-    commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    commands.put(add("first"))
+    idle = driver()
     stop = vllm_inprocess._Stop()
-    sender = threading.Thread(target=lambda: [commands.put(c) for c in (add("follower"), stop)])
-    sender.start()
-    burst = vllm_inprocess._burst(commands)
-    sender.join()
-    assert [getattr(c, "request_id", c) for c in burst] == ["first", "follower", stop]
+    idle._commands.put(stop)  # queued, not submitted: no end of pass will come
+    assert await asyncio.wait_for(asyncio.to_thread(idle._burst), 30) == [stop]
 
 
-def test_a_burst_ends_when_nothing_follows_within_the_gap() -> None:
-    commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    commands.put(add("alone"))
-    assert [c.request_id for c in vllm_inprocess._burst(commands)] == ["alone"]
+async def test_a_burst_waits_no_longer_than_its_bound_for_a_pass_that_never_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_inprocess, "BURST_MAX_S", 0.05)
+    idle = driver()
+    idle._commands.put(add("alone"))  # queued, not submitted: no end of pass will come
+    assert names(await asyncio.wait_for(asyncio.to_thread(idle._burst), 30)) == ["alone"]
+
+
+class IdleEngine:
+    """The part of vLLM's engine that serving a stop touches, holding no request."""
+
+    def has_unfinished_requests(self) -> bool:
+        return False
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        raise AssertionError("nothing to abort")
+
+
+async def test_commands_that_come_with_a_stop_are_resolved_not_lost() -> None:
+    loop = asyncio.get_running_loop()
+    serving = driver()
+    added: asyncio.Future[Any] = loop.create_future()
+    aborted: asyncio.Future[None] = loop.create_future()
+    for command in (vllm_inprocess._Stop(), vllm_inprocess._Add("late", None, None, added)):
+        serving.submit(command)
+    serving.submit(vllm_inprocess._Abort("cancelled", aborted))
+    await asyncio.sleep(0)  # the pass ends
+    left = await asyncio.to_thread(serving._serve, IdleEngine())
+    vllm_inprocess._resolve(vllm_inprocess._refuse(left, None))
+    assert added.result() is None  # a request the engine never ran ends as aborted
+    assert aborted.result() is None

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +48,8 @@ logger = logging.getLogger(__name__)
 # How long ``aclose`` waits for the engine thread to finish its step and shut vLLM down.
 _JOIN_TIMEOUT_S = 60.0
 
-BURST_GAP_S = 0.003
-"""An idle engine takes requests arriving this close together as one burst before its first step."""
 BURST_MAX_S = 0.025
-"""The longest an idle engine waits for the rest of a burst."""
+"""The longest an idle engine waits for the event loop to finish the pass that sent it a request."""
 
 
 # --- What the event loop sends the engine thread. -----------------------------------------------------
@@ -95,11 +92,13 @@ class _Driver:
         self, build: Callable[[], Any], loop: asyncio.AbstractEventLoop, cpu_threads: int | None
     ) -> None:
         self._build = build
-        self._loop = loop
+        self.loop = loop
         self._cpu_threads = cpu_threads
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._accepting = True
+        self._pass_ended = threading.Event()  # the loop ran every callback that was ready with a command
+        self._pass_pending = False  # an end of pass is scheduled on the loop (the loop's own flag)
         self._futures: dict[str, asyncio.Future[Any]] = {}
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.engine: Any = None  # vLLM's LLMEngine while the thread serves, for inspection
@@ -108,11 +107,21 @@ class _Driver:
         self.thread = threading.Thread(target=self._run, name="gym-resilience-vllm", daemon=True)
 
     def submit(self, command: _Command) -> bool:
-        """Queue ``command`` for the thread; False when the thread no longer takes commands."""
+        """Queue ``command`` for the thread; False when the thread no longer takes commands (event loop
+        thread only)."""
         with self._lock:
-            if self._accepting:
-                self._commands.put(command)
-            return self._accepting
+            if not self._accepting:
+                return False
+            self._commands.put(command)
+        if not self._pass_pending:
+            # Runs once every callback ready now has: the other requests of this pass are queued by then.
+            self._pass_pending = True
+            self.loop.call_soon(self._end_pass)
+        return True
+
+    def _end_pass(self) -> None:
+        self._pass_pending = False
+        self._pass_ended.set()
 
     def _run(self) -> None:
         if self._cpu_threads is not None:
@@ -130,8 +139,9 @@ class _Driver:
         self.engine = engine
         self.ready.set_result(None)
         outcome: EngineDeadError | None = None
+        left: list[_Command] = []
         try:
-            self._serve(engine)
+            left = self._serve(engine)
         except Exception as exc:
             self.dead = True
             logger.error(
@@ -142,7 +152,7 @@ class _Driver:
         finally:
             delivery = [(future, outcome) for future in self._futures.values()]
             self._futures.clear()
-            delivery += self._refuse_commands(outcome)
+            delivery += _refuse(left, outcome) + self._refuse_commands(outcome)
             self._deliver(delivery)
             self.unfinished = 0
             self.engine = None
@@ -152,28 +162,21 @@ class _Driver:
         """Stop taking commands; resolve those still queued (an add with ``outcome``)."""
         with self._lock:
             self._accepting = False
-        delivery: _Delivery = []
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return delivery
-            if isinstance(command, _Add):
-                delivery.append((command.future, outcome))
-            elif isinstance(command, _Abort):
-                delivery.append((command.done, None))
+        return _refuse(_arrived(self._commands), outcome)
 
-    def _serve(self, engine: Any) -> None:
+    def _serve(self, engine: Any) -> list[_Command]:
+        """Serve until a stop; returns the commands that came with it, for ``_run`` to resolve."""
         commands = self._commands
         while True:
             # Busy, take whatever arrived during the last step; idle, wait for the next burst.
-            pending = _arrived(commands) if engine.has_unfinished_requests() else _burst(commands)
+            pending = _arrived(commands) if engine.has_unfinished_requests() else self._burst()
             delivery: _Delivery = []
-            for command in pending:
+            for index, command in enumerate(pending):
                 if isinstance(command, _Stop):
                     if self._futures:
                         engine.abort_request(list(self._futures))
-                    return  # _run resolves what is left as aborted
+                    self._deliver(delivery)
+                    return pending[index + 1 :]  # _run resolves them, and what is left, as aborted
                 self._apply(engine, command, delivery)
             if engine.has_unfinished_requests():
                 for output in engine.step():
@@ -195,11 +198,26 @@ class _Driver:
             engine.abort_request([command.request_id])
         delivery.append((command.done, None))
 
+    def _burst(self) -> list[_Command]:
+        """Wait for a command, then for the event loop to end the pass that sent it (``BURST_MAX_S`` at
+        most): the commands queued by then.
+
+        A batch's requests reach an idle engine within one pass of the loop, its rollouts resumed
+        together (their envs opened, their prompts encoded as one batch). Stepping at the first would hold
+        the GIL beside the loop still submitting the rest, and delay them by more than the wait; waiting
+        on a gap after the last would add the gap to every batch.
+        """
+        self._pass_ended.clear()
+        burst = [self._commands.get()]
+        if not isinstance(burst[0], _Stop):
+            self._pass_ended.wait(BURST_MAX_S)
+        return burst + _arrived(self._commands)
+
     def _deliver(self, delivery: _Delivery) -> None:
         if not delivery:
             return
         try:
-            self._loop.call_soon_threadsafe(_resolve, delivery)
+            self.loop.call_soon_threadsafe(_resolve, delivery)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             logger.debug("the event loop closed before %d vLLM results were delivered", len(delivery))
 
@@ -213,22 +231,15 @@ def _arrived(commands: queue.SimpleQueue[_Command]) -> list[_Command]:
     return arrived
 
 
-def _burst(commands: queue.SimpleQueue[_Command]) -> list[_Command]:
-    """Wait for a command, then take those that follow it within ``BURST_GAP_S`` of each other (for
-    ``BURST_MAX_S`` at most, or up to a stop).
-
-    A batch's requests reach an idle engine over a few milliseconds (its rollouts' envs open and their
-    prompts are encoded in waves). Stepping at the first would hold the GIL beside the event loop still
-    submitting the rest, and delay them by more than the wait: the engine starts with the whole burst.
-    """
-    burst = [commands.get()]
-    deadline = time.monotonic() + BURST_MAX_S
-    while not isinstance(burst[-1], _Stop) and (left := deadline - time.monotonic()) > 0:
-        try:
-            burst.append(commands.get(timeout=min(BURST_GAP_S, left)))
-        except queue.Empty:
-            break
-    return burst
+def _refuse(commands: list[_Command], outcome: EngineDeadError | None) -> _Delivery:
+    """Resolve commands the thread will not run: an add with ``outcome``, an abort as done."""
+    delivery: _Delivery = []
+    for command in commands:
+        if isinstance(command, _Add):
+            delivery.append((command.future, outcome))
+        elif isinstance(command, _Abort):
+            delivery.append((command.done, None))
+    return delivery
 
 
 def _resolve(delivery: _Delivery) -> None:
@@ -399,6 +410,8 @@ class InProcessVLLMEngine(LocalVLLMEngine):
 
         Raises:
             EngineClosedError: the engine is not started or already closed.
+            UnsupportedConfigError: called from another event loop than the one the engine started in
+                (``option`` is ``"event loop"``).
             EngineRequestError: vLLM rejected the request (e.g. too long for ``max_model_len``).
             EngineDeadError: the engine thread failed.
             EngineError: vLLM failed the request otherwise.
@@ -407,6 +420,12 @@ class InProcessVLLMEngine(LocalVLLMEngine):
         if driver is None:
             raise self._not_running()
         loop = asyncio.get_running_loop()
+        if loop is not driver.loop:
+            raise UnsupportedConfigError(
+                "generate() was called from another event loop than the one the engine started in: its "
+                "thread hands every result to that loop; start the engine in the loop that uses it",
+                option="event loop",
+            )
         request_id = self._new_request_id()
         future: asyncio.Future[Any] = loop.create_future()
         with map_vllm_errors():
