@@ -84,11 +84,20 @@ def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
 def test_each_request_gets_sampling_params_of_its_own_that_vllm_need_not_copy() -> None:
     sampling = Sampling(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop_token_ids=(2,))
     first, second = sampling_params(sampling), sampling_params(sampling)
-    assert first is not second and first.stop_token_ids is not second.stop_token_ids
+    assert first is not second
+    # vLLM edits a request's stop token ids in place: no two requests share a container.
+    for name in first.__struct_fields__:
+        value = getattr(first, name)
+        if isinstance(value, list | set | dict):
+            assert value is not getattr(second, name), name
+    first._all_stop_token_ids.add(99)
+    first.stop_token_ids.append(98)
+    assert sampling_params(sampling)._all_stop_token_ids == second._all_stop_token_ids == {2}
+    assert sampling_params(sampling).stop_token_ids == [2]
     # vLLM's clone() returns a shallow copy of params marked this way instead of deep-copying them.
     assert first.skip_clone and first.clone() is not first and first.clone().max_tokens == 7
     assert (first.max_tokens, first.temperature, first.top_p, first.seed) == (7, 0.5, 0.9, 3)
-    assert first.stop_token_ids == [2] and first.detokenize is False
+    assert second.stop_token_ids == [2] and first.detokenize is False
 
 
 def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:
