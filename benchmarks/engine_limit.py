@@ -16,9 +16,11 @@ machines are noisy. The load average is printed with each round.
     in-process engine runs per process (vLLM keeps its parallel state per process), so the eager one
     is the async engine.
 (b) Three turns with a 20 ms env step (64 tasks x 32 tokens a turn). The runner overlaps one rollout's
-    env step with the others' generation. Its limit is modelled as: the offline engine generating the
-    same per-turn inputs (read off the runner's own trajectories), one batch per turn, plus the one env
-    step that nothing can overlap (the last turn's); a turn-synchronous loop would add 20 ms per turn.
+    env step with the others' generation; its default 16 env threads take the 64 steps of a turn in
+    four waves, so the in-process engine also runs with a thread for every env. The limit is modelled
+    as: the offline engine generating the same per-turn inputs (read off the runner's own
+    trajectories), one batch per turn, plus the one env step that nothing can overlap (the last
+    turn's); a turn-synchronous loop would add 20 ms per turn.
 (c) Start and shutdown of each engine configuration, after vLLM and its engine modules are imported
     (timed once, printed on its own: every process pays it once; the async engine's core process pays
     it again at each start). Rounds rotate the order; the in-process engines are itemised from vLLM's
@@ -217,6 +219,8 @@ async def compare(
     sampling = Sampling(max_tokens=SINGLE_TOKENS, temperature=0.0)
     one_turn = RunnerConfig(max_turns=1, max_tokens=SINGLE_TOKENS)
     three_turns = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS)
+    # A thread for every rollout's env: 64 steps of 20 ms at once, where 16 threads take four waves.
+    three_turns_wide = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS, env_threads=TASKS)
     # The per-turn inputs of the three-turn batch, for the offline side (greedy: the same every time).
     per_turn = turn_inputs(
         (await BatchRunner(thread_engine, SleepyEnv, three_turns).generate(multi)).trajectories
@@ -267,6 +271,7 @@ async def compare(
         "multi": {
             "offline per turn + 20 ms": offline_turns,
             "runner, in-process engine": runner(thread_engine, multi, three_turns),
+            f"... with {TASKS} env threads": runner(thread_engine, multi, three_turns_wide),
             "runner, async engine, eager": runner(eager_engine, multi, three_turns),
             "runner, async engine": runner(async_engine, multi, three_turns),
         },
