@@ -322,8 +322,19 @@ async def test_a_burst_waits_no_longer_than_its_bound_for_a_pass_that_never_ends
 ) -> None:
     monkeypatch.setattr(vllm_inprocess, "BURST_MAX_S", 0.05)
     idle = driver()
-    idle._commands.put(add("alone"))  # queued, not submitted: no end of pass will come
+    idle._passes_begun += 1  # a pass that never ends
+    idle._commands.put(add("alone"))
     assert names(await asyncio.wait_for(asyncio.to_thread(idle._burst), 30)) == ["alone"]
+
+
+async def test_a_pass_that_ended_before_the_engine_thread_looked_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(vllm_inprocess, "BURST_MAX_S", 60.0)
+    idle = driver()
+    idle.submit(add("early"))
+    await asyncio.sleep(0)  # the pass ends while the thread is still busy elsewhere
+    assert names(await asyncio.wait_for(asyncio.to_thread(idle._burst), 30)) == ["early"]
 
 
 class IdleEngine:

@@ -97,7 +97,11 @@ class _Driver:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._accepting = True
-        self._pass_ended = threading.Event()  # the loop ran every callback that was ready with a command
+        # Passes of the event loop that submitted commands, numbered: begun (the loop's own count) and
+        # ended, once the loop ran every callback that was ready when the pass's first command came.
+        self._passes = threading.Condition()
+        self._passes_begun = 0
+        self._passes_ended = 0
         self._pass_pending = False  # an end of pass is scheduled on the loop (the loop's own flag)
         self._futures: dict[str, asyncio.Future[Any]] = {}
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -112,16 +116,20 @@ class _Driver:
         with self._lock:
             if not self._accepting:
                 return False
+            if not self._pass_pending:
+                # Runs once every callback ready now has: the other requests of this pass are queued by
+                # then. Counted before the command is queued: the thread that takes it sees its pass.
+                self._pass_pending = True
+                self._passes_begun += 1
+                self.loop.call_soon(self._end_pass, self._passes_begun)
             self._commands.put(command)
-        if not self._pass_pending:
-            # Runs once every callback ready now has: the other requests of this pass are queued by then.
-            self._pass_pending = True
-            self.loop.call_soon(self._end_pass)
         return True
 
-    def _end_pass(self) -> None:
+    def _end_pass(self, number: int) -> None:
         self._pass_pending = False
-        self._pass_ended.set()
+        with self._passes:
+            self._passes_ended = number
+            self._passes.notify_all()
 
     def _run(self) -> None:
         if self._cpu_threads is not None:
@@ -207,11 +215,12 @@ class _Driver:
         the GIL beside the loop still submitting the rest, and delay them by more than the wait; waiting
         on a gap after the last would add the gap to every batch.
         """
-        self._pass_ended.clear()
-        burst = [self._commands.get()]
-        if not isinstance(burst[0], _Stop):
-            self._pass_ended.wait(BURST_MAX_S)
-        return burst + _arrived(self._commands)
+        first = self._commands.get()
+        if not isinstance(first, _Stop):
+            begun = self._passes_begun  # the first command's pass, or a later one
+            with self._passes:
+                self._passes.wait_for(lambda: self._passes_ended >= begun, BURST_MAX_S)
+        return [first, *_arrived(self._commands)]
 
     def _deliver(self, delivery: _Delivery) -> None:
         if not delivery:
