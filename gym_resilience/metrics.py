@@ -125,7 +125,7 @@ def _as_bytes(mask: Sequence[int]) -> bytes:
             return bytes(mask)
         except (ValueError, TypeError):  # an entry that is no byte: the slow way
             pass
-    return bytes(1 if bit else 0 for bit in mask)
+    return bytes(1 if int(bit) else 0 for bit in mask)  # a fraction counts as its integer part
 
 
 def _add_time_stats(metrics: dict[str, float], columns: Mapping[str, Sequence[float]]) -> None:
@@ -189,7 +189,7 @@ def generate_metrics(output: BatchOutput) -> dict[str, float]:
     splits = {
         name: _per_rollout(output, column) for name, column in (output.trajectory_time_splits or {}).items()
     }
-    if columns and splits:
+    if columns.get("completion") and splits:
         # Time in no named part: tokenizing, templating, waiting for a thread.
         other = np.array(columns["completion"], dtype=float) - np.sum(
             [np.array(s, dtype=float) for s in splits.values()], 0

@@ -323,8 +323,9 @@ def test_generate_metrics_count_every_row_placeholders_included() -> None:
         [1, 1, 0, 1, 0, 0, 1, 1],
         [True, True, False, True, False, False, True, True],
         [1, 2, 0, 1, 0, 0, 300, 1],
+        [1.0, 1.5, 0.5, 1.0, 0.0, -0.5, 1.0, 1.0],
     ],
-    ids=["ints", "bools", "nonzero beyond one"],
+    ids=["ints", "bools", "nonzero beyond one", "floats by their integer part"],
 )
 def test_tokens_per_turn_count_the_runs_of_nonzero_mask_entries_of_any_row_type(mask: list[int]) -> None:
     output = build_batch_output(rows())

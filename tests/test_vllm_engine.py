@@ -98,6 +98,9 @@ def test_each_request_gets_sampling_params_of_its_own_that_vllm_need_not_copy() 
     assert first.skip_clone and first.clone() is not first and first.clone().max_tokens == 7
     assert (first.max_tokens, first.temperature, first.top_p, first.seed) == (7, 0.5, 0.9, 3)
     assert second.stop_token_ids == [2] and first.detokenize is False
+    # Stop token ids given as a list, which makes the Sampling unhashable, still work.
+    listed = sampling_params(Sampling(stop_token_ids=[5, 6]))  # type: ignore[arg-type]
+    assert listed.stop_token_ids == [5, 6]
 
 
 def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:

@@ -165,7 +165,6 @@ async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keep
 
 
 @slow
-@slow
 async def test_generate_from_another_event_loop_is_refused_and_the_engine_serves_on(
     engine: InProcessVLLMEngine,
 ) -> None:
@@ -179,6 +178,7 @@ async def test_generate_from_another_event_loop_is_refused_and_the_engine_serves
     assert served.finish_reason in ("stop", "length") and served.token_ids
 
 
+@slow
 async def test_a_deadline_aborts_the_request_like_a_cancellation(engine: InProcessVLLMEngine) -> None:
     prompt = chat_prompt(engine)
     with pytest.raises(TimeoutError):
@@ -239,6 +239,17 @@ async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process
     with pytest.raises(EngineClosedError, match="can start only once"):
         await engine.start()
     await engine.aclose()  # idempotent
+
+
+@slow
+def test_an_engine_started_in_one_event_loop_closes_from_another_and_leaves_no_thread(
+    tiny_model: Path, no_session_engine: None
+) -> None:
+    threads_before = engine_threads()
+    engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
+    asyncio.run(engine.start())  # that loop is closed now
+    asyncio.run(engine.aclose())
+    assert engine_threads() == threads_before and not vllm_inprocess.in_process_engine_running()
 
 
 @slow
@@ -337,26 +348,86 @@ async def test_a_pass_that_ended_before_the_engine_thread_looked_is_not_waited_f
     assert names(await asyncio.wait_for(asyncio.to_thread(idle._burst), 30)) == ["early"]
 
 
-class IdleEngine:
-    """The part of vLLM's engine that serving a stop touches, holding no request."""
+class FakeEngine:
+    """The part of vLLM's engine the thread drives; ``abort_request`` fails when told to."""
+
+    def __init__(self, *, abort_fails: bool = False) -> None:
+        self.requests: set[str] = set()
+        self.abort_fails = abort_fails
+        self.engine_core = self
+        self.shut_down = False
 
     def has_unfinished_requests(self) -> bool:
-        return False
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
+        self.requests.add(request_id)
 
     def abort_request(self, request_ids: list[str]) -> None:
-        raise AssertionError("nothing to abort")
+        if self.abort_fails:
+            raise RuntimeError("vLLM failed to abort")
+        self.requests.difference_update(request_ids)
+
+    def step(self) -> list[Any]:
+        return []  # nothing finishes
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+async def serve(fake: FakeEngine, *commands: Any) -> vllm_inprocess._Driver:
+    """A driver thread on ``fake``, sent ``commands`` in one pass of the loop; returns once it ended."""
+    serving = vllm_inprocess._Driver(lambda: fake, asyncio.get_running_loop(), None)
+    serving.thread.start()
+    await asyncio.wrap_future(serving.ready)
+    for command in commands:
+        serving.submit(command)
+    await asyncio.wait_for(asyncio.to_thread(serving.thread.join), 30)
+    await asyncio.sleep(0)  # the thread's last delivery
+    return serving
 
 
 async def test_commands_that_come_with_a_stop_are_resolved_not_lost() -> None:
     loop = asyncio.get_running_loop()
-    serving = driver()
-    added: asyncio.Future[Any] = loop.create_future()
+    running, late = loop.create_future(), loop.create_future()
     aborted: asyncio.Future[None] = loop.create_future()
-    for command in (vllm_inprocess._Stop(), vllm_inprocess._Add("late", None, None, added)):
-        serving.submit(command)
-    serving.submit(vllm_inprocess._Abort("cancelled", aborted))
-    await asyncio.sleep(0)  # the pass ends
-    left = await asyncio.to_thread(serving._serve, IdleEngine())
-    vllm_inprocess._resolve(vllm_inprocess._refuse(left, None))
-    assert added.result() is None  # a request the engine never ran ends as aborted
+    fake = FakeEngine()
+    await serve(
+        fake,
+        vllm_inprocess._Add("running", None, None, running),
+        vllm_inprocess._Stop(),
+        vllm_inprocess._Add("late", None, None, late),
+        vllm_inprocess._Abort("cancelled", aborted),
+    )
+    # Requests the engine ran or never ran end as aborted (None); an abort is done.
+    assert running.result() is None and late.result() is None and aborted.result() is None
+    assert fake.shut_down and not fake.requests
+
+
+async def test_an_engine_that_fails_to_abort_resolves_every_waiter_with_engine_dead_error() -> None:
+    loop = asyncio.get_running_loop()
+    first, after = loop.create_future(), loop.create_future()
+    aborted: asyncio.Future[None] = loop.create_future()
+    await serve(
+        FakeEngine(abort_fails=True),
+        vllm_inprocess._Add("first", None, None, first),
+        vllm_inprocess._Abort("first", aborted),
+        vllm_inprocess._Add("after", None, None, after),
+    )
     assert aborted.result() is None
+    with pytest.raises(EngineDeadError) as dead:
+        after.result()
+    assert isinstance(dead.value.__cause__, RuntimeError)
+
+
+def test_a_driver_whose_event_loop_closed_still_takes_a_stop() -> None:
+    closed = asyncio.new_event_loop()
+    closed.close()
+    stopped = vllm_inprocess._Driver(lambda: None, closed, None)
+    stop, request = vllm_inprocess._Stop(), add("queued")
+    assert stopped.submit(request) and stopped.submit(stop)
+    assert stopped._commands.get_nowait() is request and stopped._commands.get_nowait() is stop
+    assert stopped._passes_begun == 0  # no pass to wait for on a closed loop

@@ -156,7 +156,10 @@ def sampling_params(sampling: Sampling) -> Any:
     once for this ``sampling``, with lists and sets of its own, which vLLM may edit. Building them anew
     validated every field again: 27 us a request against 2, on the event loop.
     """
-    template, containers = _sampling_template(sampling)
+    try:
+        template, containers = _sampling_template(sampling)
+    except TypeError:  # not hashable (stop token ids in a list): built for this request alone
+        template, containers = _sampling_template.__wrapped__(sampling)
     params = copy.copy(template)
     for name in containers:
         setattr(params, name, copy.copy(getattr(template, name)))

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -103,6 +104,7 @@ class _Driver:
         self._passes_begun = 0
         self._passes_ended = 0
         self._pass_pending = False  # an end of pass is scheduled on the loop (the loop's own flag)
+        self._taken: collections.deque[_Command] = collections.deque()  # off the queue, not yet run
         self._futures: dict[str, asyncio.Future[Any]] = {}
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.engine: Any = None  # vLLM's LLMEngine while the thread serves, for inspection
@@ -116,14 +118,21 @@ class _Driver:
         with self._lock:
             if not self._accepting:
                 return False
-            if not self._pass_pending:
-                # Runs once every callback ready now has: the other requests of this pass are queued by
-                # then. Counted before the command is queued: the thread that takes it sees its pass.
-                self._pass_pending = True
-                self._passes_begun += 1
-                self.loop.call_soon(self._end_pass, self._passes_begun)
+            if not self._pass_pending and not isinstance(command, _Stop):
+                self._begin_pass()
             self._commands.put(command)
         return True
+
+    def _begin_pass(self) -> None:
+        """Schedule the end of this pass of the event loop, counted before its first command is queued
+        (the thread that takes the command sees its pass)."""
+        try:
+            # Runs once every callback ready now has: the other requests of this pass are queued by then.
+            self.loop.call_soon(self._end_pass, self._passes_begun + 1)
+        except RuntimeError:  # the loop is closed: no pass to wait for (closing from another loop)
+            return
+        self._pass_pending = True
+        self._passes_begun += 1
 
     def _end_pass(self, number: int) -> None:
         self._pass_pending = False
@@ -147,9 +156,8 @@ class _Driver:
         self.engine = engine
         self.ready.set_result(None)
         outcome: EngineDeadError | None = None
-        left: list[_Command] = []
         try:
-            left = self._serve(engine)
+            self._serve(engine)
         except Exception as exc:
             self.dead = True
             logger.error(
@@ -160,7 +168,8 @@ class _Driver:
         finally:
             delivery = [(future, outcome) for future in self._futures.values()]
             self._futures.clear()
-            delivery += _refuse(left, outcome) + self._refuse_commands(outcome)
+            delivery += _refuse(list(self._taken), outcome) + self._refuse_commands(outcome)
+            self._taken.clear()
             self._deliver(delivery)
             self.unfinished = 0
             self.engine = None
@@ -172,26 +181,29 @@ class _Driver:
             self._accepting = False
         return _refuse(_arrived(self._commands), outcome)
 
-    def _serve(self, engine: Any) -> list[_Command]:
-        """Serve until a stop; returns the commands that came with it, for ``_run`` to resolve."""
-        commands = self._commands
+    def _serve(self, engine: Any) -> None:
+        """Serve until a stop. Commands taken off the queue but not run when it returns or raises stay in
+        ``_taken``, and what was resolved meanwhile is delivered: ``_run`` resolves the rest."""
+        taken = self._taken
         while True:
             # Busy, take whatever arrived during the last step; idle, wait for the next burst.
-            pending = _arrived(commands) if engine.has_unfinished_requests() else self._burst()
+            taken.extend(_arrived(self._commands) if engine.has_unfinished_requests() else self._burst())
             delivery: _Delivery = []
-            for index, command in enumerate(pending):
-                if isinstance(command, _Stop):
-                    if self._futures:
-                        engine.abort_request(list(self._futures))
-                    self._deliver(delivery)
-                    return pending[index + 1 :]  # _run resolves them, and what is left, as aborted
-                self._apply(engine, command, delivery)
-            if engine.has_unfinished_requests():
-                for output in engine.step():
-                    if output.finished and (future := self._futures.pop(output.request_id, None)):
-                        delivery.append((future, output))
-            self.unfinished = engine.get_num_unfinished_requests()
-            self._deliver(delivery)
+            try:
+                while taken:
+                    command = taken.popleft()
+                    if isinstance(command, _Stop):
+                        if self._futures:
+                            engine.abort_request(list(self._futures))
+                        return
+                    self._apply(engine, command, delivery)
+                if engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished and (future := self._futures.pop(output.request_id, None)):
+                            delivery.append((future, output))
+                self.unfinished = engine.get_num_unfinished_requests()
+            finally:
+                self._deliver(delivery)
 
     def _apply(self, engine: Any, command: _Add | _Abort, delivery: _Delivery) -> None:
         if isinstance(command, _Add):
@@ -202,9 +214,9 @@ class _Driver:
             else:
                 self._futures[command.request_id] = command.future
             return
+        delivery.append((command.done, None))  # done even if vLLM fails to abort: the engine is dead then
         if self._futures.pop(command.request_id, None) is not None:
             engine.abort_request([command.request_id])
-        delivery.append((command.done, None))
 
     def _burst(self) -> list[_Command]:
         """Wait for a command, then for the event loop to end the pass that sent it (``BURST_MAX_S`` at

@@ -55,8 +55,7 @@ class ChatCodec:
         self._base_ids = chat_ids(tokenizer, _BASE_CONVERSATION, add_generation_prompt=False)
         self._takes_batches = _takes_batches(tokenizer)
         self._queue: _Queue | None = None
-        self.decode: Callable[[list[int]], str] = _decoder(tokenizer)
-        """Generated ids as text, special tokens skipped."""
+        self._decode = _decoder(tokenizer)
 
     def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
         return chat_ids(self.tokenizer, messages, add_generation_prompt=True)
@@ -71,6 +70,10 @@ class ChatCodec:
     async def encode_observation(self, messages: Sequence[ChatMessage]) -> list[int]:
         """:meth:`observation`, encoded with the other conversations asked for in this pass of the loop."""
         return self._continuation(await self._enqueue([*_BASE_CONVERSATION, *messages]))
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Generated ids as text, special tokens skipped."""
+        return self._decode(token_ids)
 
     def _continuation(self, ids: list[int]) -> list[int]:
         if ids[: len(self._base_ids)] != self._base_ids:
