@@ -222,10 +222,11 @@ class _Driver:
         """Wait for a command, then for the event loop to end the pass that sent it (``BURST_MAX_S`` at
         most): the commands queued by then.
 
-        A batch's requests reach an idle engine within one pass of the loop, its rollouts resumed
-        together (their envs opened, their prompts encoded as one batch). Stepping at the first would hold
-        the GIL beside the loop still submitting the rest, and delay them by more than the wait; waiting
-        on a gap after the last would add the gap to every batch.
+        A batch's rollouts whose envs opened together submit their requests in one pass of the loop
+        (their prompts encoded as one batch). Stepping at the first would hold the GIL beside the loop
+        still submitting the rest, and delay them by more than the wait; waiting on a gap after the last
+        would add the gap to every batch. Envs that open in waves send their requests in waves: the
+        engine starts on the first and takes the others at its next steps.
         """
         first = self._commands.get()
         if not isinstance(first, _Stop):
