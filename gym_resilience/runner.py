@@ -37,7 +37,15 @@ from gym_resilience.metrics import (
 )
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.retry import RetryPolicy
-from gym_resilience.rollout import ChatCodec, EnvPool, LateCloses, Progress, RolloutContext, run_agent_loop
+from gym_resilience.rollout import (
+    ChatCodec,
+    EnvPool,
+    LateCloses,
+    Progress,
+    RolloutContext,
+    StartLine,
+    run_agent_loop,
+)
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     AnyTrajectory,
@@ -134,9 +142,10 @@ class BatchRunner:
         codec = self._codec
         start = time.perf_counter()
         pool = EnvPool(self.config.env_threads, name="gym-resilience-env")
-        batch = _Batch(self, codec, pool)
+        limit = self.config.max_concurrency or len(jobs)
+        batch = _Batch(self, codec, pool, StartLine(range(min(limit, len(jobs)))))
         try:
-            outcomes = await _Supervisor(jobs, batch.rollout, self.config.max_concurrency or len(jobs)).run()
+            outcomes = await _Supervisor(jobs, batch.rollout, limit).run()
             failures = [o for o in outcomes if isinstance(o, FailedRollout)]
             check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
         except BaseException as exc:
@@ -230,13 +239,14 @@ class _Supervisor:
 class _Batch:
     """The parts one ``generate`` call shares among its rollouts, and how it runs one of them."""
 
-    def __init__(self, runner: BatchRunner, codec: ChatCodec, pool: EnvPool) -> None:
+    def __init__(self, runner: BatchRunner, codec: ChatCodec, pool: EnvPool, start_line: StartLine) -> None:
         self.engine = runner.engine
         self.env_factory = runner.env_factory
         self.config = runner.config
         self.codec = codec
         self.pool = pool
         self.late = LateCloses(self.config.close_timeout_s)
+        self.start_line = start_line
         self.attempts: dict[int, int] = {}
 
     def _context(self, job: _Job, attempt: int = 0) -> RolloutContext:
@@ -247,6 +257,7 @@ class _Batch:
             config=self.config,
             pool=self.pool,
             late=self.late,
+            start_line=self.start_line,
             task=job.task,
             trajectory_id=job.trajectory_id,
             progress=Progress(rollout_index=job.index, attempt=attempt),
@@ -293,7 +304,14 @@ class _Batch:
         return policy.async_retrying(before_sleep=count)
 
     async def _attempt(self, context: RolloutContext) -> AnyTrajectory:
-        """One attempt at a rollout, from a fresh env, under the rollout deadline."""
+        """One attempt at a rollout, from a fresh env, under the rollout deadline; one that fails before
+        the start line holds the rollouts waiting there no more."""
+        try:
+            return await self._within_deadline(context)
+        finally:
+            self.start_line.leave(context.index)
+
+    async def _within_deadline(self, context: RolloutContext) -> AnyTrajectory:
         timeout_s = self.config.rollout_timeout_s
         if timeout_s is None:  # no deadline to keep: spare the cost of a timeout scope
             return await run_agent_loop(context)

@@ -222,11 +222,11 @@ class _Driver:
         """Wait for a command, then for the event loop to end the pass that sent it (``BURST_MAX_S`` at
         most): the commands queued by then.
 
-        A batch's rollouts whose envs opened together submit their requests in one pass of the loop
-        (their prompts encoded as one batch). Stepping at the first would hold the GIL beside the loop
-        still submitting the rest, and delay them by more than the wait; waiting on a gap after the last
-        would add the gap to every batch. Envs that open in waves send their requests in waves: the
-        engine starts on the first and takes the others at its next steps.
+        A batch's first rollouts submit their requests in one pass of the loop (they wait for each
+        other's envs at the runner's start line, and their prompts are encoded as one batch). Stepping
+        at the first would hold the GIL beside the loop still submitting the rest, and delay them by
+        more than the wait; waiting on a gap after the last would add the gap to every batch. Requests
+        sent in later passes (a turn's steps ending one by one) join at the engine's next steps.
         """
         first = self._commands.get()
         if not isinstance(first, _Stop):

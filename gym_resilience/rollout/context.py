@@ -14,6 +14,7 @@ from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.env_calls import LateCloses
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
+from gym_resilience.rollout.start_line import StartLine
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import TrajectoryId
 
@@ -33,6 +34,7 @@ class RolloutContext:
     config: RunnerConfig
     pool: EnvPool
     late: LateCloses
+    start_line: StartLine
     task: Task
     trajectory_id: TrajectoryId
     progress: Progress

@@ -83,6 +83,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
         else:
             progress.env_s += opened.seconds
             messages, _ = opened.result()
+        await rollout.start_line.ready(rollout.index)
         result = await _turns(rollout, env, call, messages)
     except BaseException as exc:
         await close_after_failure(env, call, exc, late)
