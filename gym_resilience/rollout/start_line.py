@@ -3,8 +3,8 @@
 Envs open in pool threads and come back to the event loop in waves, as threads finish. A rollout that
 went on at once would encode its prompt and send it while its siblings' envs are still opening; the
 later waves then wait on the event loop behind the engine's work for the first (adding its requests,
-handling its first outputs), and a batch's last request reaches the engine up to 15 ms after a batch
-given every prompt at once. Its generation ends that much later, and the batch with it.
+handling its first outputs). A 64-rollout batch's last request then reached vLLM up to 20 ms later
+than when every env came back at once, and its generation ended as much later, and the batch with it.
 
 So the first rollouts wait at a start line, once their env is open and reset, for the siblings still
 opening theirs; ``START_WAIT_S`` at most after the first got there, so one slow or stuck reset holds up
