@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from doubles import EnvCounts, factory, fail_on, tasks
@@ -60,6 +61,26 @@ async def test_greedy_successes_of_a_faulted_run_equal_a_fault_free_run_token_fo
         assert ours.response_ids == theirs.response_ids
         assert ours.loss_mask == theirs.loss_mask
         assert ours.rollout_logprobs == pytest.approx(theirs.rollout_logprobs, abs=1e-4)
+
+
+async def test_envs_opening_at_different_times_give_the_rollouts_of_envs_opening_together(
+    vllm_engine,
+) -> None:
+    # Each env opens a little later than the one before, and t3 long after the start line stopped
+    # waiting for it: the others go on without it, and every rollout is the one it would have been.
+    config = RunnerConfig(max_turns=2, max_tokens=16)
+    together = await BatchRunner(vllm_engine, factory(EnvCounts()), config).generate(tasks(8))
+
+    def staggered(task) -> None:
+        index = int(task.instance_id[1:])
+        time.sleep(0.3 if index == 3 else 0.002 * index)
+
+    ledger = EnvCounts()
+    apart = await BatchRunner(vllm_engine, factory(ledger, delay=staggered), config).generate(tasks(8))
+    assert [without_timings(t) for t in apart.trajectories] == [
+        without_timings(t) for t in together.trajectories
+    ]
+    assert ledger.open == 0
 
 
 async def test_placeholder_reward_follows_token_level_rewards_with_one_logprob_per_token(vllm_engine) -> None:
