@@ -54,6 +54,10 @@ class RunnerConfig:
             batch at once. The default, 256, is vLLM's default batch size: more rollouts in flight would
             only queue in the engine while holding envs open.
         env_threads: threads running the (synchronous) env calls, so a slow env never blocks the loop.
+        start_wait_s: how long the rollouts a batch starts at once wait, each with its env open and
+            reset, for the others still opening theirs, counted from the first to arrive (or fail), so
+            that their first prompts reach the engine together (``rollout/start_line.py``); 0 sends
+            each prompt as soon as its env is open.
         retry: rerun a rollout that failed with a transient error (``retry.retry_on`` anywhere in its
             ``__cause__`` chain) from scratch with a fresh env, before it counts as failed.
         max_failed_fraction: with ``skip_failed_rollouts``, raise ``FailureBudgetExceededError`` when
@@ -98,6 +102,7 @@ class RunnerConfig:
     apply_overlong_filtering: bool = False
     max_concurrency: int | None = 256
     env_threads: int = 16
+    start_wait_s: float = 0.01
     retry: RetryPolicy | None = None
     max_failed_fraction: float | None = None
     generation_timeout_s: float | None = None
@@ -177,6 +182,7 @@ class RunnerConfig:
         ):
             check_seconds(option, getattr(self, option))
         check_seconds("close_timeout_s", self.close_timeout_s)
+        check_seconds("start_wait_s", self.start_wait_s, allow_none=False, allow_zero=True)
         self._check_env_backend()
         env_deadlines = ("env_step_timeout_s", "env_reset_timeout_s", "env_create_timeout_s")
         needs_isolation = [option for option in env_deadlines if getattr(self, option) is not None]

@@ -143,7 +143,9 @@ class BatchRunner:
         start = time.perf_counter()
         pool = EnvPool(self.config.env_threads, name="gym-resilience-env")
         limit = self.config.max_concurrency or len(jobs)
-        batch = _Batch(self, codec, pool, StartLine(range(min(limit, len(jobs)))))
+        # On the line: the rollouts _Supervisor starts at once, the first ``limit`` jobs.
+        start_line = StartLine((job.index for job in jobs[:limit]), self.config.start_wait_s)
+        batch = _Batch(self, codec, pool, start_line)
         try:
             outcomes = await _Supervisor(jobs, batch.rollout, limit).run()
             failures = [o for o in outcomes if isinstance(o, FailedRollout)]
@@ -177,8 +179,9 @@ class _Supervisor:
     """Runs every job, at most ``limit`` at once; on the first failure that must propagate, cancels the
     rest and raises it once every rollout has finished (and closed its env).
 
-    Rollouts are started as slots free up rather than all at once, so a large batch keeps a bounded
-    number of tasks alive and the cost per rollout stays flat.
+    Rollouts are started in job order, the first ``limit`` at once (the start line's), then as slots
+    free up rather than all at once, so a large batch keeps a bounded number of tasks alive and the
+    cost per rollout stays flat.
     """
 
     def __init__(

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 
 import pytest
-from doubles import EnvCounts, factory, fail_on, tasks
+from doubles import SETTLE_S, EnvCounts, factory, fail_on, tasks
 
 from gym_resilience import (
     AllRolloutsFailedError,
@@ -63,20 +63,30 @@ async def test_greedy_successes_of_a_faulted_run_equal_a_fault_free_run_token_fo
         assert ours.rollout_logprobs == pytest.approx(theirs.rollout_logprobs, abs=1e-4)
 
 
-async def test_envs_opening_at_different_times_give_the_rollouts_of_envs_opening_together(
+async def test_rollouts_that_go_on_without_a_stuck_env_are_the_rollouts_of_envs_opening_together(
     vllm_engine,
 ) -> None:
-    # Each env opens a little later than the one before, and t3 long after the start line stopped
-    # waiting for it: the others go on without it, and every rollout is the one it would have been.
+    # t3's env opens only once the 7 others have each sent a prompt to vLLM: they must go on without
+    # it after the start line's wait, and every rollout must be the one it would have been.
     config = RunnerConfig(max_turns=2, max_tokens=16)
     together = await BatchRunner(vllm_engine, factory(EnvCounts()), config).generate(tasks(8))
+    ledger, gate, built_at_call = EnvCounts(), threading.Event(), []
 
-    def staggered(task) -> None:
-        index = int(task.instance_id[1:])
-        time.sleep(0.3 if index == 3 else 0.002 * index)
+    class Counting:
+        tokenizer = vllm_engine.tokenizer
 
-    ledger = EnvCounts()
-    apart = await BatchRunner(vllm_engine, factory(ledger, delay=staggered), config).generate(tasks(8))
+        async def generate(self, prompt_ids, sampling):
+            built_at_call.append(ledger.created)
+            if len(built_at_call) == 7:
+                gate.set()
+            return await vllm_engine.generate(prompt_ids, sampling)
+
+    def held(task) -> None:
+        if task.instance_id == "t3":
+            assert gate.wait(SETTLE_S), "the other rollouts never reached vLLM without t3"
+
+    apart = await BatchRunner(Counting(), factory(ledger, delay=held), config).generate(tasks(8))
+    assert max(built_at_call[:7]) == 7  # t3's env was still held at each of the first seven
     assert [without_timings(t) for t in apart.trajectories] == [
         without_timings(t) for t in together.trajectories
     ]

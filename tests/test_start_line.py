@@ -9,23 +9,15 @@ import threading
 import pytest
 from doubles import SETTLE_S, EnvCounts, factory, fail_on, tasks
 
-from gym_resilience import BatchRunner, RetryPolicy, RunnerConfig, Task
+from gym_resilience import BatchRunner, RetryPolicy, RunnerConfig, Task, UnsupportedConfigError
 from gym_resilience.engines.scripted import ScriptedEngine, echo_script
-from gym_resilience.rollout import StartLine, start_line
+from gym_resilience.rollout import StartLine
 
 N = 6
 SLOW = f"t{N - 1}"
+FOREVER_S = 10 * SETTLE_S
+"""A line's wait that only an arrival or a failure can cut short within a test's bound."""
 NO_DELAY = RetryPolicy(attempts=2, initial_delay_s=0.0, max_delay_s=0.0, jitter_s=0.0)
-
-
-@pytest.fixture
-def line_wait(monkeypatch: pytest.MonkeyPatch):
-    """Set the start line's wait for the test."""
-
-    def set_wait(seconds: float) -> None:
-        monkeypatch.setattr(start_line, "START_WAIT_S", seconds)
-
-    return set_wait
 
 
 def recording_engine(counts: EnvCounts, seen: list[int], on_call=None) -> ScriptedEngine:
@@ -50,13 +42,20 @@ def held_until(gate: threading.Event, instance_id: str = SLOW):
     return delay
 
 
-async def test_the_first_prompts_wait_for_every_env_of_the_batch_to_open(line_wait) -> None:
-    line_wait(SETTLE_S)
+def open_gate_at_call(gate: threading.Event, call: int):
+    def on_call(call_index: int) -> None:
+        if call_index == call:
+            gate.set()
+
+    return on_call
+
+
+async def test_the_first_prompts_wait_for_every_env_of_the_batch_to_open() -> None:
     counts, seen, gate = EnvCounts(), [], threading.Event()
     runner = BatchRunner(
         recording_engine(counts, seen),
         factory(counts, delay=held_until(gate)),
-        RunnerConfig(max_turns=1),
+        RunnerConfig(max_turns=1, start_wait_s=FOREVER_S),
     )
     batch = asyncio.ensure_future(runner.generate(tasks(N)))
     # Every env but the slow one is open, and no rollout has sent its prompt.
@@ -69,53 +68,73 @@ async def test_the_first_prompts_wait_for_every_env_of_the_batch_to_open(line_wa
     assert not result.failures and counts.open == 0
 
 
-async def test_a_stuck_env_holds_the_others_back_no_longer_than_the_wait(line_wait) -> None:
-    line_wait(0.05)
+async def test_a_stuck_env_holds_the_others_back_no_longer_than_the_wait() -> None:
+    # The slow env opens only once every other rollout has sent its prompt: a line without its
+    # deadline would never let them.
     counts, seen, gate = EnvCounts(), [], threading.Event()
-
-    def release_the_slow_env(call_index: int) -> None:
-        if call_index == N - 2:  # every other rollout has sent its prompt without it
-            gate.set()
-
     runner = BatchRunner(
-        recording_engine(counts, seen, release_the_slow_env),
+        recording_engine(counts, seen, open_gate_at_call(gate, N - 2)),
         factory(counts, delay=held_until(gate)),
-        RunnerConfig(max_turns=1),
+        RunnerConfig(max_turns=1, start_wait_s=0.05),
     )
     result = await asyncio.wait_for(runner.generate(tasks(N)), SETTLE_S)
-    assert seen[: N - 1] == [N - 1] * (N - 1)
     assert not result.failures and counts.open == 0
 
 
-async def test_a_rollout_that_fails_before_the_line_releases_the_others_at_once(line_wait) -> None:
-    line_wait(10 * SETTLE_S)  # only the failure can release the line within the test's bound
+async def test_no_wait_sends_each_prompt_as_soon_as_its_env_is_open() -> None:
+    counts, seen, gate = EnvCounts(), [], threading.Event()
+    runner = BatchRunner(
+        recording_engine(counts, seen, open_gate_at_call(gate, 0)),
+        factory(counts, delay=held_until(gate)),
+        RunnerConfig(max_turns=1, start_wait_s=0),
+    )
+    result = await asyncio.wait_for(runner.generate(tasks(N)), SETTLE_S)
+    assert not result.failures and counts.open == 0
+
+
+async def test_a_rollout_that_fails_before_the_line_releases_the_others_at_once() -> None:
     counts = EnvCounts()
     runner = BatchRunner(
         ScriptedEngine(),
         factory(counts, fail_on({SLOW}, phase="reset", turn=0)),
-        RunnerConfig(max_turns=1, skip_failed_rollouts=True),
+        RunnerConfig(max_turns=1, skip_failed_rollouts=True, start_wait_s=FOREVER_S),
     )
     result = await asyncio.wait_for(runner.generate(tasks(N)), SETTLE_S)
     assert [f.trajectory_id.instance_id for f in result.failures] == [SLOW]
     assert counts.open == 0
 
 
-async def test_retries_and_rollouts_started_later_do_not_wait_at_the_line(line_wait) -> None:
-    line_wait(10 * SETTLE_S)
-    counts = EnvCounts()
-    retried = fail_on({"t0"}, phase="reset", turn=0, exc=ConnectionError, attempt=0)
+async def test_a_retry_goes_straight_on_while_a_sibling_is_still_opening() -> None:
+    # t0's first attempt fails in reset; its retry must reach the engine while t1 is still held, on a
+    # line that would otherwise wait for t1 far longer than the test's bound.
+    counts, seen, gate = EnvCounts(), [], threading.Event()
+    transient_reset_failure = fail_on({"t0"}, phase="reset", turn=0, attempt=0, exc=ConnectionError)
     runner = BatchRunner(
-        ScriptedEngine(),
-        factory(counts, retried),
-        RunnerConfig(max_turns=1, max_concurrency=2, skip_failed_rollouts=True, retry=NO_DELAY),
+        recording_engine(counts, seen, open_gate_at_call(gate, 0)),
+        factory(counts, transient_reset_failure, delay=held_until(gate, "t1")),
+        RunnerConfig(max_turns=1, skip_failed_rollouts=True, retry=NO_DELAY, start_wait_s=FOREVER_S),
     )
-    result = await asyncio.wait_for(runner.generate(tasks(N)), SETTLE_S)
-    assert not result.failures and len(result.trajectories) == N
-    assert result.metrics["retries"] == 1 and counts.open == 0
+    result = await asyncio.wait_for(runner.generate(tasks(2)), SETTLE_S)
+    assert not result.failures and result.metrics["retries"] == 1
+    assert counts.open == 0
+
+
+async def test_a_rollout_started_later_goes_straight_on_while_a_sibling_is_still_opening() -> None:
+    # Under max_concurrency=2, t0 fails and t2 takes its slot: t2 must reach the engine while t1 is
+    # still held.
+    counts, seen, gate = EnvCounts(), [], threading.Event()
+    runner = BatchRunner(
+        recording_engine(counts, seen, open_gate_at_call(gate, 0)),
+        factory(counts, fail_on({"t0"}, phase="build", turn=0), delay=held_until(gate, "t1")),
+        RunnerConfig(max_turns=1, max_concurrency=2, skip_failed_rollouts=True, start_wait_s=FOREVER_S),
+    )
+    result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
+    assert [f.trajectory_id.instance_id for f in result.failures] == ["t0"]
+    assert counts.open == 0
 
 
 async def test_the_line_opens_when_everyone_is_there_or_at_its_deadline() -> None:
-    line = StartLine(range(3), wait_s=10 * SETTLE_S)
+    line = StartLine(range(3), wait_s=FOREVER_S)
     line.leave(7)  # not one of the line's: changes nothing
     waiting = [asyncio.ensure_future(line.ready(i)) for i in (0, 1)]
     await asyncio.sleep(0)
@@ -129,6 +148,13 @@ async def test_the_line_opens_when_everyone_is_there_or_at_its_deadline() -> Non
     await asyncio.wait_for(late.ready(1), SETTLE_S)  # open from then on
 
 
-async def test_a_lone_rollout_never_waits() -> None:
-    await asyncio.wait_for(StartLine([4], wait_s=10 * SETTLE_S).ready(4), SETTLE_S)
-    await asyncio.wait_for(StartLine([], wait_s=10 * SETTLE_S).ready(0), SETTLE_S)
+async def test_a_lone_rollout_and_a_line_without_a_wait_never_wait() -> None:
+    await asyncio.wait_for(StartLine([4], wait_s=FOREVER_S).ready(4), SETTLE_S)
+    await asyncio.wait_for(StartLine([], wait_s=FOREVER_S).ready(0), SETTLE_S)
+    await asyncio.wait_for(StartLine(range(3), wait_s=0).ready(0), SETTLE_S)
+
+
+@pytest.mark.parametrize("value", [-0.01, float("inf"), None, True])
+def test_a_start_wait_that_is_not_a_finite_non_negative_number_is_rejected_naming_it(value) -> None:
+    with pytest.raises(UnsupportedConfigError, match="start_wait_s"):
+        RunnerConfig(start_wait_s=value)

@@ -24,8 +24,8 @@ __all__ = ["RolloutContext"]
 @dataclass(frozen=True, slots=True)
 class RolloutContext:
     """One attempt at one rollout: the batch's parts (engine, codec, env factory, config, env pool, late
-    closes) and the rollout's own (task, trajectory id, progress). A retry gets a new one with a fresh
-    ``Progress``.
+    closes, start line) and the rollout's own (task, trajectory id, progress). A retry gets a new one
+    with a fresh ``Progress``.
     """
 
     engine: Engine
