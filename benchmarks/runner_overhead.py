@@ -5,9 +5,14 @@
     off (the same code on both sides: how far apart this machine puts identical runs), and per-rollout
     time at 10,000 vs 1,000 (flat cost means the ratio stays near 1). Each round runs the three 6
     (1,000) or 7 (10,000) times, rotating their order.
-(b) Real vLLM (the bundled tiny model): tokens/s through ``BatchRunner`` (64 single-turn tasks,
-    64 tokens, greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``;
-    each round times 10 pairs.
+(b) Real vLLM (the bundled tiny model), on ``InProcessVLLMEngine`` (what ``make_vllm_engine`` picks on
+    CPU) and on ``VLLMEngine``: tokens/s through ``BatchRunner`` (64 single-turn tasks, 64 tokens,
+    greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``, beside a
+    second ``gather`` (two identical sides: how far apart this machine puts the same work). Each round
+    runs each side ``--pairs`` times (10), in turn. Each batch is also split at its last request and its
+    last generation: the runner's own time is its part before and after the engine's beyond
+    ``gather``'s, and held beside ``gather``'s batch it gives the ratio with the engine's part, where
+    this machine's noise lives, the same on both sides.
 (c) Goodput on real vLLM: 64 three-turn rollouts, 10% failing at their second turn: trajectories kept
     with the flag vs without it (the step aborts: 0 kept).
 
@@ -15,7 +20,7 @@ Rounds interleave the variants in pairs (alternating which runs first); a round'
 its pairs' ratios, so a burst of load from elsewhere skews one pair rather than the round, and beside it
 the ratio of the round's fastest runs (load from elsewhere only ever adds time). Printed: medians and
 ranges over the rounds, and the load average, because these machines are noisy.
-Run: python benchmarks/runner_overhead.py [--rounds N] [--skip-vllm]
+Run: python benchmarks/runner_overhead.py [--rounds N] [--pairs N] [--skip-vllm | --only-vllm]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +44,9 @@ from gymnasium import spaces
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gym_resilience import BatchRunner, EnvStepError, RunnerConfig, Task
+from gym_resilience.engines import Sampling
 from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.rollout import ChatCodec
 
 
 class TinyTextEnv(gymnasium.Env[list[dict[str, str]], str]):
@@ -140,52 +148,121 @@ async def scripted_overhead(rounds: int) -> None:
     print(f"    per rollout 10k/1k per round {spread(growth)}")
 
 
-async def vllm_throughput_and_goodput(rounds: int) -> None:
-    from gym_resilience.engines import Sampling
+class EngineTimeline:
+    """An engine seen from the batch's side: when its last request went in and its last generation came
+    out. Both the runner and ``gather`` call it, so both pay for it alike."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.last_in = self.last_out = 0.0
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        self.last_in = time.perf_counter()
+        try:
+            return await self.engine.generate(prompt_ids, sampling)
+        finally:
+            self.last_out = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """One batch: its wall time, and how it splits around the engine's part (seconds)."""
+
+    wall: float
+    head: float  # the call to its last request reaching the engine
+    tail: float  # its last generation to the call's return
+
+    @property
+    def engine(self) -> float:
+        return self.wall - self.head - self.tail
+
+
+async def timeline_of(run: Callable[[], Awaitable[Any]], engine: EngineTimeline) -> BatchTimes:
+    gc.collect()
+    start = time.perf_counter()
+    await run()
+    end = time.perf_counter()
+    return BatchTimes(end - start, engine.last_in - start, end - engine.last_out)
+
+
+async def engine_throughput(name: str, engine: Any, rounds: int, pairs: int) -> None:
+    """(b) for one engine: the runner against ``gather`` and against a second ``gather`` (the noise)."""
+    timeline = EngineTimeline(engine)
+    batch = make_tasks(64)
+    runner = BatchRunner(timeline, TinyTextEnv, RunnerConfig(max_turns=1, max_tokens=64, temperature=0.0))
+    codec = ChatCodec(engine.tokenizer)
+    prompts = [codec.prompt(task.prompt) for task in batch]
+    sampling = Sampling(max_tokens=64, temperature=0.0)
+    tokens: dict[str, int] = {}
+
+    async def through_runner() -> None:
+        result = await runner.generate(batch)
+        tokens["runner"] = sum(sum(mask) for mask in result.output.loss_masks)
+
+    async def straight() -> None:
+        generations = await asyncio.gather(*(timeline.generate(p, sampling) for p in prompts))
+        tokens["gather"] = sum(len(g.token_ids) for g in generations)
+
+    await through_runner()  # warm-up: compile and cache
+    await straight()
+    sides = [through_runner, straight, straight]
+    rates: dict[str, list[float]] = {"runner": [], "gather": []}
+    figures: dict[str, list[float]] = {"ratio": [], "fastest": [], "noise": [], "own": [], "held": []}
+    engine_part: list[float] = []
+    for _ in range(rounds):
+        times: list[list[BatchTimes]] = [[] for _ in sides]
+        for repeat in range(pairs):  # one of each in turn, rotating which goes first
+            shift = repeat % len(sides)
+            for index in [*range(shift, len(sides)), *range(shift)]:
+                times[index].append(await timeline_of(sides[index], timeline))
+        ran, gathered, again = times
+        runner_s, gather_s = [t.wall for t in ran], [t.wall for t in gathered]
+        rates["runner"].append(tokens["runner"] / statistics.median(runner_s))
+        rates["gather"].append(tokens["gather"] / statistics.median(gather_s))
+        # Time ratios inverted: ratios of tokens/s.
+        figures["ratio"].append(paired(gather_s, runner_s))
+        figures["fastest"].append(fastest(gather_s, runner_s))
+        figures["noise"].append(paired(gather_s, [t.wall for t in again]))
+        # The runner's own time: what its batch spends before its last request and after its last
+        # generation beyond what gather's does. Held beside gather's batch, it gives the ratio with the
+        # engine's part, which is where this machine's noise lives, the same on both sides.
+        own = [r.head + r.tail - g.head - g.tail for r, g in zip(ran, gathered, strict=True)]
+        figures["own"].append(statistics.median(own) * 1e3)
+        figures["held"].append(
+            statistics.median(g.wall / (g.wall + o) for g, o in zip(gathered, own, strict=True))
+        )
+        engine_part.append(paired([t.engine for t in gathered], [t.engine for t in ran]))
+    print(
+        f"    {name}: BatchRunner {spread(rates['runner'], 0)} tok/s, "
+        f"gather {spread(rates['gather'], 0)} tok/s"
+    )
+    print(
+        f"      runner/gather per round {spread(figures['ratio'])}, "
+        f"fastest runs {spread(figures['fastest'])}; gather/gather (the noise) {spread(figures['noise'])}"
+    )
+    print(
+        f"      the runner's own time {spread(figures['own'], 1)} ms a batch; runner/gather with the "
+        f"engine's part held equal {spread(figures['held'])} "
+        f"(engine part, gather/runner {spread(engine_part)})"
+    )
+
+
+async def vllm_throughput_and_goodput(rounds: int, pairs: int) -> None:
     from gym_resilience.engines.vllm import VLLMEngine
+    from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
     from gym_resilience.models import build_tiny_model
-    from gym_resilience.rollout import ChatCodec
 
-    async with VLLMEngine(build_tiny_model()) as engine:
-        batch = make_tasks(64)
-        config = RunnerConfig(max_turns=1, max_tokens=64, temperature=0.0)
-        runner = BatchRunner(engine, TinyTextEnv, config)
-        codec = ChatCodec(engine.tokenizer)
-        prompts = [codec.prompt(task.prompt) for task in batch]
-        sampling = Sampling(max_tokens=64, temperature=0.0)
-        tokens: dict[str, int] = {}
-
-        async def through_runner() -> None:
-            result = await runner.generate(batch)
-            tokens["runner"] = sum(sum(mask) for mask in result.output.loss_masks)
-
-        async def straight() -> None:
-            generations = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
-            tokens["gather"] = sum(len(g.token_ids) for g in generations)
-
-        await through_runner()  # warm-up: compile and cache
-        await straight()
-        pairs = 10
-        rates: dict[str, list[float]] = {"runner": [], "gather": []}
-        ratio: list[float] = []
-        best: list[float] = []
-        for _ in range(rounds):
-            runner_s, gather_s = await interleaved([through_runner, straight], pairs)
-            rates["runner"].append(tokens["runner"] / statistics.median(runner_s))
-            rates["gather"].append(tokens["gather"] / statistics.median(gather_s))
-            # Time ratios inverted: ratios of tokens/s.
-            ratio.append(paired(gather_s, runner_s))
-            best.append(fastest(gather_s, runner_s))
-        print(
-            f"(b) real vLLM, 64 single-turn tasks x 64 tokens, greedy, {rounds} rounds of {pairs} pairs; "
-            f"load {load()}"
-        )
-        print(
-            f"    BatchRunner {spread(rates['runner'], 0)} tok/s, "
-            f"asyncio.gather {spread(rates['gather'], 0)} tok/s, runner/gather per round {spread(ratio)}, "
-            f"fastest runs {spread(best)}"
-        )
-
+    model = build_tiny_model()
+    print(
+        f"(b) real vLLM, 64 single-turn tasks x 64 tokens, greedy, {rounds} rounds of {pairs} runs "
+        f"of each side; load {load()}"
+    )
+    async with InProcessVLLMEngine(model) as engine:  # make_vllm_engine's pick on CPU
+        await engine_throughput("InProcessVLLMEngine", engine, rounds, pairs)
+    async with VLLMEngine(model) as engine:
+        await engine_throughput("VLLMEngine", engine, rounds, pairs)
+        print(f"    load {load()}")
         flaky = make_tasks(64, fail_every=10)
         failing = sum(1 for t in flaky if t.env_kwargs)
         kept: dict[bool, int] = {}
@@ -209,11 +286,15 @@ def load() -> str:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--skip-vllm", action="store_true", help="only part (a)")
+    parser.add_argument("--pairs", type=int, default=10, help="runs of each side per round in (b)")
+    parts = parser.add_mutually_exclusive_group()
+    parts.add_argument("--skip-vllm", action="store_true", help="only part (a)")
+    parts.add_argument("--only-vllm", action="store_true", help="only parts (b) and (c)")
     args = parser.parse_args()
-    await scripted_overhead(args.rounds)
+    if not args.only_vllm:
+        await scripted_overhead(args.rounds)
     if not args.skip_vllm:
-        await vllm_throughput_and_goodput(args.rounds)
+        await vllm_throughput_and_goodput(args.rounds, args.pairs)
 
 
 if __name__ == "__main__":
