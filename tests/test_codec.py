@@ -1,4 +1,5 @@
-"""The chat codec's batched encoding (``ChatCodec.encode_*``), on the tiny model's real tokenizer."""
+"""The chat codec's batched encoding (``ChatCodec.encode_*``) and its decoding, on the tiny model's real
+tokenizer."""
 
 from __future__ import annotations
 
@@ -74,6 +75,83 @@ async def test_a_rollout_cancelled_while_its_prompt_is_encoded_leaves_the_others
     cancelled.cancel()
     assert await kept == codec.prompt(user("task 1"))
     assert cancelled.cancelled()
+
+
+# Encoding a batch: the Rust tokenizer's own batch encode where Hugging Face's wrapper adds nothing.
+
+MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant"]),
+        "content": st.lists(
+            st.text(max_size=12) | st.sampled_from(["<|im_start|>", "<|im_end|>", " ", "\n", "é"]), max_size=6
+        ).map("".join),
+    }
+)
+
+
+def encoded_together(codec: ChatCodec, chats: list[list[ChatMessage]]) -> list[list[int]]:
+    async def encode() -> list[list[int]]:
+        return list(await asyncio.gather(*(codec.encode_prompt(chat) for chat in chats)))
+
+    return asyncio.run(encode())
+
+
+@settings(max_examples=150, deadline=None)
+@given(chats=st.lists(st.lists(MESSAGE, min_size=1, max_size=3), min_size=2, max_size=6))
+def test_chats_encoded_together_are_the_ids_each_gets_from_the_template_alone(
+    chats: list[list[ChatMessage]],
+) -> None:
+    codec = ChatCodec(TOKENIZER)
+    assert encoded_together(codec, chats) == [
+        list(TOKENIZER.apply_chat_template(chat, tokenize=True, add_generation_prompt=True)["input_ids"])
+        for chat in chats
+    ]
+
+
+def test_chats_encoded_together_are_not_truncated_when_the_rust_tokenizer_was_set_to_truncate() -> None:
+    tokenizer = tiny_tokenizer()
+    codec = ChatCodec(tokenizer)
+    chats = [user("a task with quite a few words in it"), user("another one, as long as that one")]
+    expected = [codec.prompt(chat) for chat in chats]
+    for _ in range(2):  # the template's own call turns truncation off again; set it each time
+        tokenizer.backend_tokenizer.enable_truncation(max_length=3)
+        assert encoded_together(codec, chats) == expected
+
+
+def test_chats_encoded_together_split_special_tokens_when_the_tokenizer_is_told_to() -> None:
+    tokenizer = tiny_tokenizer()
+    codec = ChatCodec(tokenizer)
+    chats = [user("task 0"), user("task number 1")]
+    whole = encoded_together(codec, chats)
+    tokenizer.split_special_tokens = True
+    split = [codec.prompt(chat) for chat in chats]
+    assert split != whole
+    # The wrapper tells the Rust tokenizer to split them only when it encodes: not yet, here.
+    tokenizer.backend_tokenizer.encode_special_tokens = False
+    assert encoded_together(codec, chats) == split
+    assert encoded_together(codec, chats) == split  # and again, once the Rust tokenizer splits them too
+
+
+def test_a_tokenizer_that_encodes_its_own_way_is_encoded_its_way_in_a_batch_too() -> None:
+    tokenizer = tiny_tokenizer()
+
+    class Marking(type(tokenizer)):  # type: ignore[misc]
+        """Ends every encoding with the pad id."""
+
+        def _encode_plus(self, *args: Any, **kwargs: Any) -> Any:
+            encoded = super()._encode_plus(*args, **kwargs)
+            ids = encoded["input_ids"]
+            batched = bool(ids) and isinstance(ids[0], list)
+            rows = [[*row, self.pad_token_id] for row in (ids if batched else [ids])]
+            encoded["input_ids"] = rows if batched else rows[0]
+            return encoded
+
+    tokenizer.__class__ = Marking
+    codec = ChatCodec(tokenizer)
+    chats = [user("task 0"), user("task number 1")]
+    together = encoded_together(codec, chats)
+    assert together == [codec.prompt(chat) for chat in chats]
+    assert all(row[-1] == tokenizer.pad_token_id for row in together)
 
 
 # Decoding generated ids: the Rust tokenizer's own decode where Hugging Face's wrapper adds nothing.
