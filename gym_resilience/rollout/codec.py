@@ -198,19 +198,15 @@ def _text_encoder(tokenizer: Tokenizer) -> TextEncoder | None:
     dict of Python lists (offsets, masks, type ids) that nothing here reads: for 64 prompts, about 1 of
     the 10 ms the runner spends before a batch's last request reaches the engine.
     """
-    fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
-    if fast is None or not isinstance(tokenizer, fast):
+    if not _plain_fast(tokenizer, "apply_chat_template", "__call__", "_encode_plus"):
         return None
-    kind = type(tokenizer)
-    if kind.__call__ is not fast.__call__ or kind._encode_plus is not fast._encode_plus:
-        return None
-    backend = tokenizer.backend_tokenizer
+    backend = tokenizer.backend_tokenizer  # type: ignore[attr-defined]
 
     def encode(texts: list[str]) -> list[list[int]] | None:
         # The wrapper, called with no padding and no truncation, would turn either off first.
         if backend.padding is not None or backend.truncation is not None:
             return None
-        if backend.encode_special_tokens != bool(tokenizer.split_special_tokens):
+        if backend.encode_special_tokens != bool(tokenizer.split_special_tokens):  # type: ignore[attr-defined]
             return None
         return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
 
@@ -225,16 +221,22 @@ def _decoder(tokenizer: Tokenizer) -> Callable[[list[int]], str]:
     on the event loop, for every turn of every rollout.
     """
     plain = functools.partial(tokenizer.decode, skip_special_tokens=True)
-    # A Hugging Face tokenizer means transformers is imported already; nothing else needs it imported.
-    fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
-    if fast is None or not isinstance(tokenizer, fast):
-        return plain
-    kind = type(tokenizer)
-    if kind.decode is not fast.decode or kind._decode is not fast._decode:
+    if not _plain_fast(tokenizer, "decode", "_decode"):
         return plain
     if getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return plain
-    return functools.partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=True)
+    return functools.partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=True)  # type: ignore[attr-defined]
+
+
+def _plain_fast(tokenizer: Tokenizer, *methods: str) -> bool:
+    """Whether ``tokenizer`` is a Hugging Face fast tokenizer whose class keeps the wrapper's own
+    ``methods``, so that what they do on top of the Rust tokenizer is known."""
+    # A Hugging Face tokenizer means transformers is imported already; nothing else needs it imported.
+    fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
+    if fast is None or not isinstance(tokenizer, fast):
+        return False
+    kind = type(tokenizer)
+    return all(getattr(kind, method) is getattr(fast, method) for method in methods)
 
 
 def as_messages(observation: object) -> list[ChatMessage]:
