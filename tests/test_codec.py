@@ -102,6 +102,7 @@ def test_chats_encoded_together_are_the_ids_each_gets_from_the_template_alone(
     chats: list[list[ChatMessage]],
 ) -> None:
     codec = ChatCodec(TOKENIZER)
+    assert codec._encode_texts is not None and codec._takes_batches  # the Rust tokenizer's batch encode
     assert encoded_together(codec, chats) == [
         list(TOKENIZER.apply_chat_template(chat, tokenize=True, add_generation_prompt=True)["input_ids"])
         for chat in chats
@@ -135,6 +136,8 @@ def test_chats_encoded_together_split_special_tokens_when_the_tokenizer_is_told_
 def test_a_tokenizer_that_encodes_its_own_way_is_encoded_its_way_in_a_batch_too() -> None:
     tokenizer = tiny_tokenizer()
 
+    batches: list[int] = []
+
     class Marking(type(tokenizer)):  # type: ignore[misc]
         """Ends every encoding with the pad id."""
 
@@ -142,6 +145,7 @@ def test_a_tokenizer_that_encodes_its_own_way_is_encoded_its_way_in_a_batch_too(
             encoded = super()._encode_plus(*args, **kwargs)
             ids = encoded["input_ids"]
             batched = bool(ids) and isinstance(ids[0], list)
+            batches.append(len(ids) if batched else 1)
             rows = [[*row, self.pad_token_id] for row in (ids if batched else [ids])]
             encoded["input_ids"] = rows if batched else rows[0]
             return encoded
@@ -149,7 +153,9 @@ def test_a_tokenizer_that_encodes_its_own_way_is_encoded_its_way_in_a_batch_too(
     tokenizer.__class__ = Marking
     codec = ChatCodec(tokenizer)
     chats = [user("task 0"), user("task number 1")]
+    batches.clear()
     together = encoded_together(codec, chats)
+    assert batches == [2]  # still one call for the batch, through the subclass
     assert together == [codec.prompt(chat) for chat in chats]
     assert all(row[-1] == tokenizer.pad_token_id for row in together)
 

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from gym_resilience.engines.base import Tokenizer
 from gym_resilience.tasks import ChatMessage
@@ -55,6 +56,9 @@ class ChatCodec:
         self._base_ids = chat_ids(tokenizer, _BASE_CONVERSATION, add_generation_prompt=False)
         self._encode_texts = _text_encoder(tokenizer)
         self._takes_batches = _takes_batches(tokenizer, self._encode_texts)
+        if self._encode_texts is not None and not self._takes_batches:  # the template's own way, then
+            self._encode_texts = None
+            self._takes_batches = _takes_batches(tokenizer, None)
         self._queue: _Queue | None = None
         self._decode = _decoder(tokenizer)
 
@@ -143,19 +147,18 @@ class _Queue:
         }
 
 
-TextEncoder = Callable[[list[str]], list[list[int]] | None]
-"""Token ids of rendered chats, or None where the tokenizer's wrapper would encode them otherwise now."""
+TextEncoder = Callable[[list[str]], list[list[int]]]
+"""Token ids of chats the template rendered as text, as the template's own tokenizing gives them."""
 
 
 def _batch_ids(
     tokenizer: Tokenizer, conversations: list[list[ChatMessage]], encode_texts: TextEncoder | None = None
 ) -> list[list[int]]:
-    """Token ids of several chats in one tokenizer call, each as its own call would give them.
+    """Token ids of several chats in one call of the template, each as its own call would give them.
 
-    With ``encode_texts`` (see :func:`_text_encoder`) the chats are rendered through the template as text
-    and encoded by it; otherwise the template tokenizes them.
+    With ``encode_texts`` (see :func:`_text_encoder`) the template renders the chats as text and
+    ``encode_texts`` encodes them; otherwise the template tokenizes them.
     """
-    rows: list[list[int]] | None = None
     if encode_texts is not None:
         texts = tokenizer.apply_chat_template(
             conversations,  # type: ignore[arg-type]  # a Hugging Face tokenizer takes a list of chats
@@ -163,7 +166,7 @@ def _batch_ids(
             add_generation_prompt=True,
         )
         rows = encode_texts(texts)  # type: ignore[arg-type]  # one rendered text per chat
-    if rows is None:
+    else:
         batch = tokenizer.apply_chat_template(
             conversations,  # type: ignore[arg-type]
             tokenize=True,
@@ -189,33 +192,50 @@ def _takes_batches(tokenizer: Tokenizer, encode_texts: TextEncoder | None) -> bo
         return False
 
 
+# What Hugging Face's wrapper runs, in transformers 5 and 4, between the template's text and the Rust
+# tokenizer's batch encode: a class (or instance) that changes none of them encodes as the Rust one does.
+_ENCODE_METHODS = (
+    "apply_chat_template",
+    "__call__",
+    "_call_one",
+    "batch_encode_plus",
+    "_batch_encode_plus",
+    "_encode_plus",
+    "set_truncation_and_padding",
+)
+
+
 def _text_encoder(tokenizer: Tokenizer) -> TextEncoder | None:
-    """For a Hugging Face fast tokenizer whose wrapper adds nothing to its Rust tokenizer's batch encode
-    (no subclass override), that encode, for as long as the Rust tokenizer pads and truncates nothing and
-    splits special tokens as the wrapper would have it.
+    """For a Hugging Face fast tokenizer that keeps the wrapper's own encoding methods, the Rust
+    tokenizer's batch encode, whenever the Rust tokenizer pads and truncates nothing and splits special
+    tokens as the wrapper would have it; the wrapper's own encode otherwise (as the template's tokenizing
+    does: no padding, no truncation, no special tokens added).
 
-    The template's own tokenizing goes through the wrapper, which turns every row's Rust encoding into a
-    dict of Python lists (offsets, masks, type ids) that nothing here reads: for 64 prompts, about 1 of
-    the 10 ms the runner spends before a batch's last request reaches the engine.
+    The wrapper turns every row's Rust encoding into a dict of Python lists (offsets, masks, type ids)
+    that nothing here reads: for 64 prompts, about 1 of the 10 ms the runner spends before a batch's last
+    request reaches the engine.
     """
-    if not _plain_fast(tokenizer, "apply_chat_template", "__call__", "_encode_plus"):
+    if not _plain_fast(tokenizer, *_ENCODE_METHODS):
         return None
-    backend = tokenizer.backend_tokenizer  # type: ignore[attr-defined]
+    wrapper: Any = tokenizer
 
-    def encode(texts: list[str]) -> list[list[int]] | None:
-        # The wrapper, called with no padding and no truncation, would turn either off first.
-        if backend.padding is not None or backend.truncation is not None:
-            return None
-        if backend.encode_special_tokens != bool(tokenizer.split_special_tokens):  # type: ignore[attr-defined]
-            return None
-        return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    def encode(texts: list[str]) -> list[list[int]]:
+        backend = wrapper.backend_tokenizer
+        if (
+            backend.padding is None
+            and backend.truncation is None
+            and backend.encode_special_tokens == bool(wrapper.split_special_tokens)
+        ):
+            return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        # The wrapper, asked for no padding and no truncation, turns both off (and sets the split) first.
+        return [list(row) for row in wrapper(texts, add_special_tokens=False)["input_ids"]]
 
     return encode
 
 
 def _decoder(tokenizer: Tokenizer) -> Callable[[list[int]], str]:
     """The tokenizer's ``decode``, skipping special tokens; for a Hugging Face fast tokenizer that adds
-    nothing to its Rust tokenizer's own decode (no subclass override, no space clean-up), that one.
+    nothing to its Rust tokenizer's own decode (its class keeps the wrapper's, no space clean-up), that one.
 
     Hugging Face's wrapper first checks every id in Python: 10 of the 25 us it takes to decode 64 tokens,
     on the event loop, for every turn of every rollout.
@@ -235,8 +255,11 @@ def _plain_fast(tokenizer: Tokenizer, *methods: str) -> bool:
     fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
     if fast is None or not isinstance(tokenizer, fast):
         return False
-    kind = type(tokenizer)
-    return all(getattr(kind, method) is getattr(fast, method) for method in methods)
+    kind, patched = type(tokenizer), vars(tokenizer)
+    return all(
+        getattr(kind, method, None) is getattr(fast, method, None) and method not in patched
+        for method in methods
+    )
 
 
 def as_messages(observation: object) -> list[ChatMessage]:
