@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium
 from gymnasium import spaces
@@ -93,14 +93,19 @@ def spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
-async def interleaved(runs: list[Callable[[], Awaitable[Any]]], repeats: int) -> list[list[float]]:
-    """Seconds of each of ``repeats`` runs of each of ``runs``, one of each in turn, rotating which goes
-    first, so that all see the same machine (and none always pays another's garbage)."""
-    times: list[list[float]] = [[] for _ in runs]
+Run = Callable[[], Awaitable[Any]]
+M = TypeVar("M")
+
+
+async def interleaved(runs: list[Run], repeats: int, measure: Callable[[Run], Awaitable[M]]) -> list[list[M]]:
+    """``measure`` (``timed``: seconds) of each of ``repeats`` runs of each of ``runs``, one of each in
+    turn, rotating which goes first, so that all see the same machine (and none always pays another's
+    garbage)."""
+    times: list[list[M]] = [[] for _ in runs]
     for repeat in range(repeats):
         shift = repeat % len(runs)
         for index in [*range(shift, len(runs)), *range(shift)]:
-            times[index].append(await timed(runs[index]))
+            times[index].append(await measure(runs[index]))
     return times
 
 
@@ -131,7 +136,7 @@ async def scripted_overhead(rounds: int) -> None:
                 for flag in (False, True, False)
             )
             off_s, on_s, again_s = await interleaved(
-                [functools.partial(runner.generate, batch) for runner in (off, on, off_again)], repeats
+                [functools.partial(runner.generate, batch) for runner in (off, on, off_again)], repeats, timed
             )
             ratios.setdefault(n, []).append(paired(on_s, off_s))
             best.setdefault(n, []).append(fastest(on_s, off_s))
@@ -178,7 +183,7 @@ class BatchTimes:
         return self.wall - self.head - self.tail
 
 
-async def timeline_of(run: Callable[[], Awaitable[Any]], engine: EngineTimeline) -> BatchTimes:
+async def timeline_of(engine: EngineTimeline, run: Run) -> BatchTimes:
     gc.collect()
     start = time.perf_counter()
     await run()
@@ -206,17 +211,12 @@ async def engine_throughput(name: str, engine: Any, rounds: int, pairs: int) -> 
 
     await through_runner()  # warm-up: compile and cache
     await straight()
-    sides = [through_runner, straight, straight]
+    measure = functools.partial(timeline_of, timeline)
     rates: dict[str, list[float]] = {"runner": [], "gather": []}
     figures: dict[str, list[float]] = {"ratio": [], "fastest": [], "noise": [], "own": [], "held": []}
     engine_part: list[float] = []
     for _ in range(rounds):
-        times: list[list[BatchTimes]] = [[] for _ in sides]
-        for repeat in range(pairs):  # one of each in turn, rotating which goes first
-            shift = repeat % len(sides)
-            for index in [*range(shift, len(sides)), *range(shift)]:
-                times[index].append(await timeline_of(sides[index], timeline))
-        ran, gathered, again = times
+        ran, gathered, again = await interleaved([through_runner, straight, straight], pairs, measure)
         runner_s, gather_s = [t.wall for t in ran], [t.wall for t in gathered]
         rates["runner"].append(tokens["runner"] / statistics.median(runner_s))
         rates["gather"].append(tokens["gather"] / statistics.median(gather_s))
