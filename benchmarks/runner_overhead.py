@@ -82,7 +82,11 @@ def make_tasks(n: int, *, fail_every: int | None = None) -> list[Task]:
     ]
 
 
-async def timed(run: Callable[[], Awaitable[Any]]) -> float:
+Run = Callable[[], Awaitable[Any]]
+M = TypeVar("M")
+
+
+async def timed(run: Run) -> float:
     gc.collect()  # the previous run's garbage is not this run's cost
     start = time.perf_counter()
     await run()
@@ -91,10 +95,6 @@ async def timed(run: Callable[[], Awaitable[Any]]) -> float:
 
 def spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
-
-
-Run = Callable[[], Awaitable[Any]]
-M = TypeVar("M")
 
 
 async def interleaved(runs: list[Run], repeats: int, measure: Callable[[Run], Awaitable[M]]) -> list[list[M]]:

@@ -152,7 +152,7 @@ TextEncoder = Callable[[list[str]], list[list[int]]]
 
 
 def _batch_ids(
-    tokenizer: Tokenizer, conversations: list[list[ChatMessage]], encode_texts: TextEncoder | None = None
+    tokenizer: Tokenizer, conversations: list[list[ChatMessage]], encode_texts: TextEncoder | None
 ) -> list[list[int]]:
     """Token ids of several chats in one call of the template, each as its own call would give them.
 
@@ -249,8 +249,8 @@ def _decoder(tokenizer: Tokenizer) -> Callable[[list[int]], str]:
 
 
 def _plain_fast(tokenizer: Tokenizer, *methods: str) -> bool:
-    """Whether ``tokenizer`` is a Hugging Face fast tokenizer whose class keeps the wrapper's own
-    ``methods``, so that what they do on top of the Rust tokenizer is known."""
+    """Whether ``tokenizer`` is a Hugging Face fast tokenizer whose class and instance keep the wrapper's
+    own ``methods``, so that what they do on top of the Rust tokenizer is known."""
     # A Hugging Face tokenizer means transformers is imported already; nothing else needs it imported.
     fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
     if fast is None or not isinstance(tokenizer, fast):
