@@ -3,10 +3,10 @@
 Every engine runs in this one process on the bundled tiny model (float32, as gym_resilience runs it):
 vLLM's offline ``LLM.generate`` (the limit: no asyncio, no runner), ``InProcessVLLMEngine`` (the same
 engine stepped by a thread) and ``VLLMEngine`` (vLLM's async engine, its core in a child process).
-Each round runs every variant five times, each time right beside a run of the limit (the first row),
+Each round runs every variant nine times, each time right beside a run of the limit (the first row),
 alternating which goes first and rotating the variants' order. A round's ratio is the median of its
-five pairs' ratios (a burst of load from elsewhere skews one pair, not the round); beside it, the ratio
-of the fastest of those five runs to the fastest of their five limit runs (load from elsewhere only
+nine pairs' ratios (a burst of load from elsewhere skews one pair, not the round); beside it, the ratio
+of the fastest of those nine runs to the fastest of their nine limit runs (load from elsewhere only
 ever adds time). The figures are the medians and ranges of those over the rounds, because these
 machines are noisy. The load average is printed with each round.
 
@@ -68,7 +68,7 @@ SINGLE_TOKENS = 64
 TURN_TOKENS = 32
 TURNS = 3
 STEP_S = 0.02
-REPEATS = 5  # pairs (variant beside a limit run) per variant per round; the round keeps their medians
+REPEATS = 9  # pairs (variant beside a limit run) per variant per round; the round keeps their medians
 
 
 class SleepyEnv(gymnasium.Env[list[dict[str, str]], str]):

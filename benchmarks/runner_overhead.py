@@ -3,13 +3,13 @@
 (a) Scripted engine, 1,000 and 10,000 rollouts: batch time with ``skip_failed_rollouts`` on vs off
     (no failures, so the difference is the containment machinery), beside two runners with the flag
     off (the same code on both sides: how far apart this machine puts identical runs), and per-rollout
-    time at 10,000 vs 1,000 (flat cost means the ratio stays near 1). Each round runs the three 6
-    (1,000) or 7 (10,000) times, rotating their order.
+    time at 10,000 vs 1,000 (flat cost means the ratio stays near 1). Each round runs the six (three
+    at each size) 10 times each, rotating their order; the per-rollout ratio is paired as the others.
 (b) Real vLLM (the bundled tiny model), on ``InProcessVLLMEngine`` (what ``make_vllm_engine`` picks on
     CPU) and on ``VLLMEngine``: tokens/s through ``BatchRunner`` (64 single-turn tasks, 64 tokens,
     greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``, beside a
     second ``gather`` (two identical sides: how far apart this machine puts the same work). Each round
-    runs each side ``--pairs`` times (10), in turn. Each batch is also split at its last request and its
+    runs each side ``--pairs`` times (20), in turn. Each batch is also split at its last request and its
     last generation: the runner's own time is its part before and after the engine's beyond
     ``gather``'s, and held beside ``gather``'s batch it gives the ratio with the engine's part, where
     this machine's noise lives, the same on both sides.
@@ -82,6 +82,8 @@ def make_tasks(n: int, *, fail_every: int | None = None) -> list[Task]:
     ]
 
 
+SCRIPTED_RUNS = 10  # runs of each side per round and batch size in (a)
+
 Run = Callable[[], Awaitable[Any]]
 M = TypeVar("M")
 
@@ -122,34 +124,39 @@ def fastest(top: list[float], bottom: list[float]) -> float:
 
 async def scripted_overhead(rounds: int) -> None:
     engine = ScriptedEngine()
-    ratios: dict[int, list[float]] = {}
-    best: dict[int, list[float]] = {}
-    control: dict[int, list[float]] = {}
-    per_rollout: dict[int, list[float]] = {}
+    sizes = (1_000, 10_000)
+    batches = {n: make_tasks(n) for n in sizes}
+    ratios: dict[int, list[float]] = {n: [] for n in sizes}
+    best: dict[int, list[float]] = {n: [] for n in sizes}
+    control: dict[int, list[float]] = {n: [] for n in sizes}
+    per_rollout: dict[int, list[float]] = {n: [] for n in sizes}
+    growth: list[float] = []
     for _ in range(rounds):
-        for n, repeats in ((1_000, 6), (10_000, 7)):
-            batch = make_tasks(n)
-            # A second runner with the flag off: two identical sides show how far apart this machine
-            # puts the same code (with no failures, on and off run the same code too).
-            off, on, off_again = (
-                BatchRunner(engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=flag, max_turns=2))
-                for flag in (False, True, False)
-            )
-            off_s, on_s, again_s = await interleaved(
-                [functools.partial(runner.generate, batch) for runner in (off, on, off_again)], repeats, timed
-            )
-            ratios.setdefault(n, []).append(paired(on_s, off_s))
-            best.setdefault(n, []).append(fastest(on_s, off_s))
-            control.setdefault(n, []).append(paired(again_s, off_s))
-            per_rollout.setdefault(n, []).append(statistics.median(on_s) / n)
+        # Per size, a second runner with the flag off: two identical sides show how far apart this
+        # machine puts the same code (with no failures, on and off run the same code too). Both sizes
+        # run in the same rotation, so that the cost per rollout at each is taken side by side too.
+        runs: list[Run] = []
+        for n in sizes:
+            for flag in (False, True, False):
+                config = RunnerConfig(skip_failed_rollouts=flag, max_turns=2)
+                runs.append(functools.partial(BatchRunner(engine, TinyTextEnv, config).generate, batches[n]))
+        times = iter(await interleaved(runs, SCRIPTED_RUNS, timed))
+        on_per_rollout: dict[int, list[float]] = {}
+        for n in sizes:
+            off_s, on_s, again_s = next(times), next(times), next(times)
+            ratios[n].append(paired(on_s, off_s))
+            best[n].append(fastest(on_s, off_s))
+            control[n].append(paired(again_s, off_s))
+            on_per_rollout[n] = [seconds / n for seconds in on_s]
+            per_rollout[n].append(statistics.median(on_per_rollout[n]))
+        growth.append(paired(on_per_rollout[10_000], on_per_rollout[1_000]))
     print(f"(a) scripted engine, 2 turns per rollout, {rounds} rounds: median [range]; load {load()}")
-    for n in (1_000, 10_000):
+    for n in sizes:
         print(
             f"    {n:>6} rollouts: flag on/off per round {spread(ratios[n])}, fastest runs "
             f"{spread(best[n])}; off/off (the noise) {spread(control[n])}; "
             f"per rollout (flag on) {statistics.median(per_rollout[n]) * 1e6:.0f} us"
         )
-    growth = [large / small for large, small in zip(per_rollout[10_000], per_rollout[1_000], strict=True)]
     print(f"    per rollout 10k/1k per round {spread(growth)}")
 
 
@@ -286,7 +293,7 @@ def load() -> str:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=10, help="runs of each side per round in (b)")
+    parser.add_argument("--pairs", type=int, default=20, help="runs of each side per round in (b)")
     parts = parser.add_mutually_exclusive_group()
     parts.add_argument("--skip-vllm", action="store_true", help="only part (a)")
     parts.add_argument("--only-vllm", action="store_true", help="only parts (b) and (c)")
