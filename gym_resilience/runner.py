@@ -144,7 +144,7 @@ class BatchRunner:
         pool = EnvPool(self.config.env_threads, name="gym-resilience-env")
         limit = self.config.max_concurrency or len(jobs)
         # On the line: the rollouts _Supervisor starts at once, the first ``limit`` jobs.
-        start_line = StartLine((job.index for job in jobs[:limit]), self.config.start_wait_s)
+        start_line = StartLine((job.index for job in jobs[:limit]), self.config.start_wait_s, codec)
         batch = _Batch(self, codec, pool, start_line)
         try:
             outcomes = await _Supervisor(jobs, batch.rollout, limit).run()

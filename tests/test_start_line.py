@@ -10,8 +10,8 @@ import pytest
 from doubles import SETTLE_S, EnvCounts, factory, fail_on, tasks
 
 from gym_resilience import BatchRunner, RetryPolicy, RunnerConfig, Task, UnsupportedConfigError
-from gym_resilience.engines.scripted import ScriptedEngine, echo_script
-from gym_resilience.rollout import StartLine
+from gym_resilience.engines.scripted import CharTokenizer, ScriptedEngine, echo_script
+from gym_resilience.rollout import ChatCodec, StartLine
 
 N = 6
 SLOW = f"t{N - 1}"
@@ -133,25 +133,77 @@ async def test_a_rollout_started_later_goes_straight_on_while_a_sibling_is_still
     assert counts.open == 0
 
 
+def hello(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"hello {i}"}]
+
+
+class CountingTokenizer(CharTokenizer):
+    """Counts its template calls, and how many chats each took."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def apply_chat_template(self, conversation, **kwargs):
+        batch = bool(conversation) and isinstance(conversation[0], list)
+        self.calls.append(len(conversation) if batch else 1)
+        if batch:
+            return [
+                super(CountingTokenizer, self).apply_chat_template(chat, **kwargs) for chat in conversation
+            ]
+        return super().apply_chat_template(conversation, **kwargs)
+
+
 async def test_the_line_opens_when_everyone_is_there_or_at_its_deadline() -> None:
-    line = StartLine(range(3), wait_s=FOREVER_S)
+    codec = ChatCodec(CharTokenizer())
+    line = StartLine(range(3), wait_s=FOREVER_S, codec=codec)
     line.leave(7)  # not one of the line's: changes nothing
-    waiting = [asyncio.ensure_future(line.ready(i)) for i in (0, 1)]
+    waiting = [asyncio.ensure_future(line.first_prompt(i, hello(i))) for i in (0, 1)]
     await asyncio.sleep(0)
     assert not any(w.done() for w in waiting)
     line.leave(1)  # again: nothing
     line.leave(2)
-    await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    assert prompts == [codec.prompt(hello(0)), codec.prompt(hello(1))]
 
-    late = StartLine(range(3), wait_s=0.01)
-    await asyncio.wait_for(late.ready(0), SETTLE_S)  # nobody else came: the deadline let it go
-    await asyncio.wait_for(late.ready(1), SETTLE_S)  # open from then on
+    late = StartLine(range(3), wait_s=0.01, codec=codec)
+    # Nobody else came: the deadline let it go, and open from then on.
+    assert await asyncio.wait_for(late.first_prompt(0, hello(0)), SETTLE_S) == codec.prompt(hello(0))
+    assert await asyncio.wait_for(late.first_prompt(1, hello(1)), SETTLE_S) == codec.prompt(hello(1))
+
+
+async def test_the_line_encodes_its_prompts_in_one_call_as_it_opens() -> None:
+    tokenizer = CountingTokenizer()
+    codec = ChatCodec(tokenizer)
+    tokenizer.calls.clear()  # the codec's own probes
+    line = StartLine(range(4), wait_s=FOREVER_S, codec=codec)
+    waiting = [asyncio.ensure_future(line.first_prompt(i, hello(i % 3))) for i in range(4)]
+    prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    assert tokenizer.calls == [3]  # the same chat twice is encoded once
+    assert prompts == [codec.prompt(hello(i % 3)) for i in range(4)]
+    assert prompts[0] is not prompts[3]  # each rollout owns its list
+
+
+async def test_a_rollout_cancelled_at_the_line_leaves_the_others_their_prompts() -> None:
+    codec = ChatCodec(CharTokenizer())
+    line = StartLine(range(3), wait_s=FOREVER_S, codec=codec)
+    cancelled = asyncio.ensure_future(line.first_prompt(0, hello(0)))
+    waiting = asyncio.ensure_future(line.first_prompt(1, hello(1)))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(line.first_prompt(2, hello(2)), SETTLE_S) == codec.prompt(hello(2))
+    assert await asyncio.wait_for(waiting, SETTLE_S) == codec.prompt(hello(1))
+    assert cancelled.cancelled()
 
 
 async def test_a_lone_rollout_and_a_line_without_a_wait_never_wait() -> None:
-    await asyncio.wait_for(StartLine([4], wait_s=FOREVER_S).ready(4), SETTLE_S)
-    await asyncio.wait_for(StartLine([], wait_s=FOREVER_S).ready(0), SETTLE_S)
-    await asyncio.wait_for(StartLine(range(3), wait_s=0).ready(0), SETTLE_S)
+    codec = ChatCodec(CharTokenizer())
+    for line, index in (
+        (StartLine([4], wait_s=FOREVER_S, codec=codec), 4),
+        (StartLine([], wait_s=FOREVER_S, codec=codec), 0),
+        (StartLine(range(3), wait_s=0, codec=codec), 0),
+    ):
+        assert await asyncio.wait_for(line.first_prompt(index, hello(0)), SETTLE_S) == codec.prompt(hello(0))
 
 
 @pytest.mark.parametrize("value", [-0.01, float("inf"), None, True])

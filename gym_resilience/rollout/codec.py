@@ -11,7 +11,7 @@ from typing import Any
 from gym_resilience.engines.base import Tokenizer
 from gym_resilience.tasks import ChatMessage
 
-__all__ = ["ChatCodec", "as_messages", "chat_ids"]
+__all__ = ["ChatCodec", "EncodeQueue", "as_messages", "chat_ids"]
 
 _BASE_CONVERSATION: list[ChatMessage] = [
     {"role": "system", "content": "base"},
@@ -59,7 +59,7 @@ class ChatCodec:
         if self._encode_texts is not None and not self._takes_batches:  # the template's own way, then
             self._encode_texts = None
             self._takes_batches = _takes_batches(tokenizer, None)
-        self._queue: _Queue | None = None
+        self._queue: EncodeQueue | None = None
         self._decode = _decoder(tokenizer)
 
     def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -80,6 +80,15 @@ class ChatCodec:
         """Generated ids as text, special tokens skipped."""
         return self._decode(token_ids)
 
+    def held_queue(self) -> EncodeQueue:
+        """A queue whose conversations are encoded when :meth:`encode_queued` is called with it, rather
+        than at the end of the loop's pass: the start line's, for its rollouts' first prompts."""
+        return EncodeQueue(asyncio.get_running_loop())
+
+    def encode_queued(self, queue: EncodeQueue) -> None:
+        """Encode what ``queue`` holds and resolve its futures (never raises)."""
+        self._flush(queue)
+
     def _continuation(self, ids: list[int]) -> list[int]:
         if ids[: len(self._base_ids)] != self._base_ids:
             raise ValueError("the chat template is not prefix-stable: cannot encode observations")
@@ -88,11 +97,11 @@ class ChatCodec:
     def _enqueue(self, conversation: list[ChatMessage]) -> asyncio.Future[list[int]]:
         loop = asyncio.get_running_loop()
         if self._queue is None or self._queue.loop is not loop:
-            self._queue = _Queue(loop)
+            self._queue = EncodeQueue(loop)
             loop.call_soon(self._flush, self._queue)
         return self._queue.add(conversation)
 
-    def _flush(self, queue: _Queue) -> None:
+    def _flush(self, queue: EncodeQueue) -> None:
         """Encode what was queued (in a callback of the loop: it must resolve every future, never raise)."""
         if self._queue is queue:
             self._queue = None
@@ -126,7 +135,7 @@ class ChatCodec:
             return exc
 
 
-class _Queue:
+class EncodeQueue:
     """The conversations asked for in one pass of an event loop, each distinct one once (by its repr)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -83,8 +83,8 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
         else:
             progress.env_s += opened.seconds
             messages, _ = opened.result()
-        await rollout.start_line.ready(rollout.index)
-        result = await _turns(rollout, env, call, messages)
+        prompt_ids = await rollout.start_line.first_prompt(rollout.index, as_messages(messages))
+        result = await _turns(rollout, env, call, prompt_ids)
     except BaseException as exc:
         await close_after_failure(env, call, exc, late)
         raise
@@ -111,10 +111,9 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
 
 
 async def _turns(
-    rollout: RolloutContext, env: ResilientEnv[Any, Any], call: EnvCalls, opening: object
+    rollout: RolloutContext, env: ResilientEnv[Any, Any], call: EnvCalls, prompt_ids: list[int]
 ) -> AnyTrajectory:
     codec, config, progress = rollout.codec, rollout.config, rollout.progress
-    prompt_ids = await codec.encode_prompt(as_messages(opening))
     record = _Transcript(prompt_ids=prompt_ids)
     for turn in range(config.max_turns):
         input_ids = prompt_ids + record.response_ids
