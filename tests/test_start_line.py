@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 import pytest
-from doubles import SETTLE_S, EnvCounts, factory, fail_on, tasks
+from doubles import SETTLE_S, CountingTextEnv, EnvCounts, factory, fail_on, tasks
 
 from gym_resilience import BatchRunner, RetryPolicy, RunnerConfig, Task, UnsupportedConfigError
 from gym_resilience.engines.scripted import CharTokenizer, ScriptedEngine, echo_script
@@ -194,6 +194,48 @@ async def test_a_rollout_cancelled_at_the_line_leaves_the_others_their_prompts()
     assert await asyncio.wait_for(line.first_prompt(2, hello(2)), SETTLE_S) == codec.prompt(hello(2))
     assert await asyncio.wait_for(waiting, SETTLE_S) == codec.prompt(hello(1))
     assert cancelled.cancelled()
+
+
+async def test_a_template_raising_stop_iteration_fails_only_its_rollout_at_the_line() -> None:
+    class Stopping(CharTokenizer):
+        def apply_chat_template(self, conversation, **kwargs):
+            if conversation and isinstance(conversation[-1], dict) and conversation[-1]["content"] == "stop":
+                raise StopIteration  # a future refuses it as an exception: the codec wraps it
+            return super().apply_chat_template(conversation, **kwargs)
+
+    codec = ChatCodec(Stopping())
+    line = StartLine(range(3), wait_s=FOREVER_S, codec=codec)
+    first = asyncio.ensure_future(line.first_prompt(0, hello(0)))
+    stopped = asyncio.ensure_future(line.first_prompt(1, [{"role": "user", "content": "stop"}]))
+    assert await asyncio.wait_for(line.first_prompt(2, hello(2)), SETTLE_S) == codec.prompt(hello(2))
+    assert await asyncio.wait_for(first, SETTLE_S) == codec.prompt(hello(0))
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await asyncio.wait_for(stopped, SETTLE_S)
+
+
+async def test_a_rollout_whose_opening_is_no_chat_leaves_the_line_before_its_env_closes() -> None:
+    counts, seen, gate = EnvCounts(), [], threading.Event()
+
+    class NoChatOpening(CountingTextEnv):
+        """t1's reset returns no chat; its close waits for the first engine call."""
+
+        def reset(self, *, seed=None, options=None):
+            observation, info = super().reset(seed=seed, options=options)
+            return (42 if self.task.instance_id == "t1" else observation), info
+
+        def close(self) -> None:
+            if self.task.instance_id == "t1":
+                assert gate.wait(SETTLE_S), "the line waited for this env's close"
+            super().close()
+
+    runner = BatchRunner(
+        recording_engine(counts, seen, open_gate_at_call(gate, 0)),
+        factory(counts, env=NoChatOpening),
+        RunnerConfig(max_turns=1, skip_failed_rollouts=True, start_wait_s=FOREVER_S),
+    )
+    result = await asyncio.wait_for(runner.generate(tasks(4)), SETTLE_S)
+    assert [(f.trajectory_id.instance_id, f.phase) for f in result.failures] == [("t1", "reset")]
+    assert counts.open == 0
 
 
 async def test_a_lone_rollout_and_a_line_without_a_wait_never_wait() -> None:

@@ -124,7 +124,7 @@ class ChatCodec:
                 if future.done():  # its rollout was cancelled meanwhile
                     continue
                 if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
+                    future.set_exception(_settable(outcome))
                 else:
                     future.set_result(outcome)
 
@@ -133,6 +133,15 @@ class ChatCodec:
             return self.prompt(conversation)
         except BaseException as exc:  # for the rollout that asked: raised where it awaits its encoding
             return exc
+
+
+def _settable(error: BaseException) -> BaseException:
+    """``error`` as a future can raise it: a future refuses ``StopIteration``, so that one is wrapped."""
+    if not isinstance(error, StopIteration):
+        return error
+    wrapped = RuntimeError(f"the chat template raised StopIteration: {error!r}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 class EncodeQueue:

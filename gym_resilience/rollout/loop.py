@@ -83,7 +83,12 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
         else:
             progress.env_s += opened.seconds
             messages, _ = opened.result()
-        prompt_ids = await rollout.start_line.first_prompt(rollout.index, as_messages(messages))
+        try:
+            opening = as_messages(messages)
+        except BaseException:
+            rollout.start_line.leave(rollout.index)  # failed before the line: the others go on now
+            raise
+        prompt_ids = await rollout.start_line.first_prompt(rollout.index, opening)
         result = await _turns(rollout, env, call, prompt_ids)
     except BaseException as exc:
         await close_after_failure(env, call, exc, late)
