@@ -25,11 +25,12 @@ from gym_resilience.engines import Engine, Sampling
 from gym_resilience.engines.common import finish_reason
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs, vllm_environment
-from gym_resilience.engines.vllm_common import sampling_params
+from gym_resilience.engines.vllm_common import map_vllm_errors, sampling_params, tokens_prompt
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
     DependencyNotInstalledError,
     EngineClosedError,
+    EngineDeadError,
     EngineError,
     EngineRequestError,
     GymResilienceError,
@@ -101,6 +102,38 @@ def test_each_request_gets_sampling_params_of_its_own_that_vllm_need_not_copy() 
     # Stop token ids given as a list, which makes the Sampling unhashable, still work.
     listed = sampling_params(Sampling(stop_token_ids=[5, 6]))  # type: ignore[arg-type]
     assert listed.stop_token_ids == [5, 6]
+
+
+def test_vllm_exceptions_become_typed_errors_with_their_cause_and_others_pass_unchanged() -> None:
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+    translated = {
+        VLLMEngineDeadError("core died"): EngineDeadError,
+        VLLMValidationError("bad temperature"): EngineRequestError,
+        ValueError("too long"): EngineRequestError,
+        TypeError("not a list"): EngineRequestError,
+        RuntimeError("kernel failed"): EngineError,
+    }
+    for error, expected in translated.items():
+        with pytest.raises(expected) as raised, map_vllm_errors():
+            raise error
+        assert type(raised.value) is expected and raised.value.__cause__ is error, error
+    # Ours, cancellations and interrupts go through as they are.
+    for error in (EngineClosedError("closed"), asyncio.CancelledError(), KeyboardInterrupt()):
+        with pytest.raises(type(error)) as passed, map_vllm_errors():
+            raise error
+        assert passed.value is error
+    with map_vllm_errors():  # nothing raised: nothing to translate
+        pass
+
+
+def test_a_token_prompt_holds_a_list_of_its_own() -> None:
+    ids = (5, 6, 7)
+    prompt = tokens_prompt(ids)
+    assert prompt == {"prompt_token_ids": [5, 6, 7]}
+    listed = [1, 2]
+    assert tokens_prompt(listed)["prompt_token_ids"] is not listed
 
 
 def test_cpu_engine_arguments_default_to_one_process_and_a_small_kv_cache(tmp_path: Path) -> None:

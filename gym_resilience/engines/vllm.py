@@ -42,6 +42,7 @@ from gym_resilience.engines.vllm_common import (
     map_vllm_errors,
     sampling_params,
     to_generation,
+    tokens_prompt,
     vllm_platform,
 )
 from gym_resilience.errors import EngineError, UnsupportedConfigError
@@ -236,10 +237,7 @@ class VLLMEngine(LocalVLLMEngine):
         self._in_flight.add(request_id)
         try:
             with map_vllm_errors():
-                from vllm import TokensPrompt
-
-                params = sampling_params(sampling)
-                prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+                prompt, params = tokens_prompt(prompt_ids), sampling_params(sampling)
                 async for output in engine.generate(prompt, params, request_id):
                     final = output
         finally:

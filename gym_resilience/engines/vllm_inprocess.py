@@ -38,6 +38,7 @@ from gym_resilience.engines.vllm_common import (
     map_vllm_errors,
     sampling_params,
     to_generation,
+    tokens_prompt,
     vllm_platform,
 )
 from gym_resilience.errors import EngineDeadError, EngineError, UnsupportedConfigError
@@ -451,10 +452,7 @@ class InProcessVLLMEngine(LocalVLLMEngine):
         request_id = self._new_request_id()
         future: asyncio.Future[Any] = loop.create_future()
         with map_vllm_errors():
-            from vllm import TokensPrompt
-
-            prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
-            command = _Add(request_id, prompt, sampling_params(sampling), future)
+            command = _Add(request_id, tokens_prompt(prompt_ids), sampling_params(sampling), future)
         if not driver.submit(command):
             raise EngineDeadError("the vLLM engine died; close it and start a new one")
         self._in_flight.add(request_id)
