@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 from engine_helpers import chat_prompt, child_pids, wait_until
 
-from gym_resilience.engines import Engine, Sampling
+from gym_resilience.engines import Engine, Sampling, vllm_common
 from gym_resilience.engines.common import finish_reason
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs, vllm_environment
@@ -119,13 +119,22 @@ def test_vllm_exceptions_become_typed_errors_with_their_cause_and_others_pass_un
         with pytest.raises(expected) as raised, map_vllm_errors():
             raise error
         assert type(raised.value) is expected and raised.value.__cause__ is error, error
-    # Ours, cancellations and interrupts go through as they are.
-    for error in (EngineClosedError("closed"), asyncio.CancelledError(), KeyboardInterrupt()):
+    # Ours (one of them a ValueError too), cancellations and interrupts go through as they are.
+    ours = (EngineClosedError("closed"), UnsupportedConfigError("bad", option="x"))
+    for error in (*ours, asyncio.CancelledError(), KeyboardInterrupt(), GeneratorExit()):
         with pytest.raises(type(error)) as passed, map_vllm_errors():
             raise error
         assert passed.value is error
     with map_vllm_errors():  # nothing raised: nothing to translate
         pass
+
+
+def test_a_vllm_without_its_own_error_types_still_types_request_errors(monkeypatch) -> None:
+    # None in sys.modules makes the import fail, as in a vLLM that has no such module.
+    monkeypatch.setitem(sys.modules, "vllm.exceptions", None)
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.exceptions", None)
+    dead, rejected = vllm_common._vllm_error_types.__wrapped__()
+    assert dead == () and rejected == (ValueError, TypeError)
 
 
 def test_a_token_prompt_holds_a_list_of_its_own() -> None:

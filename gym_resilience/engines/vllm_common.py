@@ -224,14 +224,29 @@ class _VLLMErrors:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _: Any) -> None:
         if error is None or not isinstance(error, Exception) or isinstance(error, GymResilienceError):
             return  # nothing to translate: it propagates as it is
-        from vllm.exceptions import VLLMClientError
-        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
-
-        if isinstance(error, VLLMEngineDeadError):
+        dead, rejected = _vllm_error_types()
+        if isinstance(error, dead):
             raise EngineDeadError("the vLLM engine died; close it and start a new one") from error
-        if isinstance(error, VLLMClientError | ValueError | TypeError):
+        if isinstance(error, rejected):
             raise EngineRequestError("vLLM rejected the request") from error  # the message adds the cause
         raise EngineError("vLLM failed the request") from error
+
+
+@functools.cache
+def _vllm_error_types() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """The exceptions that mean vLLM's engine died, and those that mean it rejected the request; a vLLM
+    without its own types of them still has its request errors (ValueError, TypeError) typed."""
+    dead: tuple[type[Exception], ...] = ()
+    rejected: tuple[type[Exception], ...] = (ValueError, TypeError)
+    with contextlib.suppress(ImportError):
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+        dead = (VLLMEngineDeadError,)
+    with contextlib.suppress(ImportError):
+        from vllm.exceptions import VLLMClientError
+
+        rejected = (VLLMClientError, *rejected)
+    return dead, rejected
 
 
 _VLLM_ERRORS = _VLLMErrors()
