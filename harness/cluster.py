@@ -45,12 +45,15 @@ _running: LocalCluster | None = None
 
 @dataclass(frozen=True, slots=True)
 class ActorRecord:
-    """One actor as the cluster's GCS knows it; ``state`` is ``ALIVE``, ``DEAD``, ``PENDING_CREATION``..."""
+    """One actor as the cluster's GCS knows it; ``state`` is ``ALIVE``, ``DEAD``, ``PENDING_CREATION``...;
+    ``pid`` is its worker process's (0 before it has one). The GCS marks a killed actor ``DEAD`` before
+    that process has exited."""
 
     actor_id: str
     class_name: str
     state: str
     node_id: str
+    pid: int
 
 
 class LocalClusterError(RuntimeError):
@@ -210,6 +213,7 @@ class LocalCluster:
                 class_name=str(info["ActorClassName"]),
                 state=str(info["State"]),
                 node_id=str(info["Address"]["NodeID"]),
+                pid=int(info.get("Pid") or 0),
             )
             for actor_id, info in ray._private.state.actors().items()
             if class_name is None or info["ActorClassName"] == class_name

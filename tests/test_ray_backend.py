@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import psutil
 import pytest
 import ray
 from doubles import HANG_S, SandboxError
@@ -68,6 +69,13 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
 
 def assert_dead(cluster: LocalCluster, *actor_ids: str) -> None:
     wait_until(lambda: not cluster.alive_actors(HOST) & set(actor_ids), f"actors {actor_ids} dead")
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def assert_no_env_actor_alive(cluster: LocalCluster) -> None:
@@ -198,8 +206,13 @@ def test_an_actor_killed_from_outside_raises_env_worker_died_error_naming_its_no
 ) -> None:
     env = RayEnv(ScriptableEnv, name="gym-resilience-test-victim")
     env.reset()
+    (victim,) = [record for record in ray_cluster.actors(HOST) if record.actor_id == env.actor_id]
+    assert victim.pid > 0
     ray.kill(ray.get_actor("gym-resilience-test-victim"))
-    assert_dead(ray_cluster, env.actor_id)  # ray.kill only asks: a step sent before the kill lands succeeds
+    # ray.kill only asks, and the GCS marks the actor dead before its process has exited: a step that
+    # reaches the process meanwhile succeeds. Once the process is gone, none can.
+    assert_dead(ray_cluster, env.actor_id)
+    wait_until(lambda: process_gone(victim.pid), f"the actor's process {victim.pid} gone")
     with pytest.raises(EnvWorkerDiedError) as caught:
         env.step("x")
     error = caught.value
