@@ -10,6 +10,9 @@ of the fastest of those nine runs to the fastest of their nine limit runs (load 
 ever adds time). The figures are the medians and ranges of those over the rounds, because these
 machines are noisy. The load average is printed with each round.
 
+Every side sends the same requests: the runner's prompt ids, each with the sampling its rollout asks
+for (``RunnerConfig.sampling``: greedy, seeded ``seed + rollout index``).
+
 (a) Single turn: 64 tasks x 64 tokens, greedy. Offline: ``LLM.generate`` on the same prompt ids.
     ``gather``: the prompt ids fanned straight into the engine, to tell the runner's cost from the engine's;
     ``eager``: the async engine with ``enforce_eager=True`` (no torch.compile: a faster start). One
@@ -148,13 +151,23 @@ class Offline:
         self.llm = LLM(**arguments)
         self.threads = threads
 
-    def generate(self, prompts: Sequence[list[int]], max_tokens: int) -> int:
+    def generate(self, prompts: Sequence[list[int]], samplings: Sequence[Sampling]) -> int:
+        """Tokens generated from ``prompts``, each with its sampling (the runner's, seed and all)."""
         import torch
         from vllm import SamplingParams, TokensPrompt
 
         if self.threads:
             torch._C.set_num_threads(self.threads)  # this thread only; vLLM patches torch.set_num_threads
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False)
+        params = [
+            SamplingParams(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=s.seed,
+                detokenize=False,
+            )
+            for s in samplings
+        ]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
         )
@@ -216,9 +229,11 @@ async def compare(
     single = make_tasks(TASKS, 0.0)
     multi = make_tasks(TASKS, STEP_S)
     prompts = [codec.prompt(task.prompt) for task in single]
-    sampling = Sampling(max_tokens=SINGLE_TOKENS, temperature=0.0)
     one_turn = RunnerConfig(max_turns=1, max_tokens=SINGLE_TOKENS)
     three_turns = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS)
+    # Every side sends the runner's own requests: each rollout's sampling, seeded as the runner seeds it.
+    single_sampling = [one_turn.sampling(i) for i in range(TASKS)]
+    turn_sampling = [three_turns.sampling(i) for i in range(TASKS)]
     # A thread for every rollout's env: 64 steps of 20 ms at once, where 16 threads take four waves.
     three_turns_wide = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS, env_threads=TASKS)
     # The per-turn inputs of the three-turn batch, for the offline side (greedy: the same every time).
@@ -242,19 +257,21 @@ async def compare(
     def gather(engine: Any) -> Callable[[], Awaitable[tuple[int, float]]]:
         async def run() -> tuple[int, float]:
             start = time.perf_counter()
-            generations = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+            generations = await asyncio.gather(
+                *(engine.generate(p, s) for p, s in zip(prompts, single_sampling, strict=True))
+            )
             return sum(len(g.token_ids) for g in generations), time.perf_counter() - start
 
         return run
 
     async def offline_single() -> tuple[int, float]:
         start = time.perf_counter()
-        tokens = offline.generate(prompts, SINGLE_TOKENS)
+        tokens = offline.generate(prompts, single_sampling)
         return tokens, time.perf_counter() - start
 
     async def offline_turns() -> tuple[int, float]:
         start = time.perf_counter()
-        tokens = sum(offline.generate(batch, TURN_TOKENS) for batch in per_turn)
+        tokens = sum(offline.generate(batch, turn_sampling) for batch in per_turn)
         # The one env step nothing overlaps: the last turn's, after the last generation.
         return tokens, time.perf_counter() - start + STEP_S
 

@@ -7,8 +7,9 @@
     at each size) 10 times each, rotating their order; the per-rollout ratio is paired as the others.
 (b) Real vLLM (the bundled tiny model), on ``InProcessVLLMEngine`` (what ``make_vllm_engine`` picks on
     CPU) and on ``VLLMEngine``: tokens/s through ``BatchRunner`` (64 single-turn tasks, 64 tokens,
-    greedy) vs the same prompt ids fanned straight into the engine with ``asyncio.gather``, beside a
-    second ``gather`` (two identical sides: how far apart this machine puts the same work). Each round
+    greedy) vs the same requests (prompt ids, and each rollout's sampling: ``RunnerConfig.sampling``,
+    seeded per rollout) fanned straight into the engine with ``asyncio.gather``, beside a second
+    ``gather`` (two identical sides: how far apart this machine puts the same work). Each round
     runs each side ``--pairs`` times (20), in turn. Each batch is also split at its last request and its
     last generation: the runner's own time is its part before and after the engine's beyond
     ``gather``'s, and held beside ``gather``'s batch it gives the ratio with the engine's part, where
@@ -44,7 +45,6 @@ from gymnasium import spaces
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gym_resilience import BatchRunner, EnvStepError, RunnerConfig, Task
-from gym_resilience.engines import Sampling
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.rollout import ChatCodec
 
@@ -202,10 +202,11 @@ async def engine_throughput(name: str, engine: Any, rounds: int, pairs: int) -> 
     """(b) for one engine: the runner against ``gather`` and against a second ``gather`` (the noise)."""
     timeline = EngineTimeline(engine)
     batch = make_tasks(64)
-    runner = BatchRunner(timeline, TinyTextEnv, RunnerConfig(max_turns=1, max_tokens=64, temperature=0.0))
+    config = RunnerConfig(max_turns=1, max_tokens=64, temperature=0.0)
+    runner = BatchRunner(timeline, TinyTextEnv, config)
     codec = ChatCodec(engine.tokenizer)
-    prompts = [codec.prompt(task.prompt) for task in batch]
-    sampling = Sampling(max_tokens=64, temperature=0.0)
+    # The runner's own requests: each rollout's prompt ids and sampling (seeded per rollout, as it seeds).
+    requests = [(codec.prompt(task.prompt), config.sampling(i)) for i, task in enumerate(batch)]
     tokens: dict[str, int] = {}
 
     async def through_runner() -> None:
@@ -213,7 +214,7 @@ async def engine_throughput(name: str, engine: Any, rounds: int, pairs: int) -> 
         tokens["runner"] = sum(sum(mask) for mask in result.output.loss_masks)
 
     async def straight() -> None:
-        generations = await asyncio.gather(*(timeline.generate(p, sampling) for p in prompts))
+        generations = await asyncio.gather(*(timeline.generate(p, s) for p, s in requests))
         tokens["gather"] = sum(len(g.token_ids) for g in generations)
 
     await through_runner()  # warm-up: compile and cache

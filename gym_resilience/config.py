@@ -15,6 +15,7 @@ from typing import Any, Literal
 from gym_resilience import errors
 from gym_resilience._text import show as _show
 from gym_resilience.deadlines import check_seconds
+from gym_resilience.engines.base import Sampling
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.retry import RetryPolicy
 
@@ -114,6 +115,22 @@ class RunnerConfig:
     env_reset_timeout_s: float | None = None
     env_create_timeout_s: float | None = None
     close_timeout_s: float = 10.0
+
+    def rollout_seed(self, rollout_index: int) -> int | None:
+        """``seed + rollout_index``: the RNG seed of that rollout's env reset and sampling (None without
+        a ``seed``)."""
+        return None if self.seed is None else self.seed + rollout_index
+
+    def sampling(self, rollout_index: int) -> Sampling:
+        """What the rollout ``rollout_index`` (task x sample, in task order) asks the engine for, every
+        turn: to send an engine the same requests as a batch does (a benchmark's baseline, say)."""
+        return Sampling(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.rollout_seed(rollout_index),
+            logprobs=self.logprobs,
+        )
 
     @classmethod
     def from_mapping(

@@ -23,6 +23,7 @@ from gym_resilience import (
     UnsupportedConfigError,
     validate_batch_output,
 )
+from gym_resilience.engines import Sampling
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.rollout import EnvPool
@@ -444,3 +445,28 @@ async def test_a_rollout_cancelled_while_closing_its_env_still_closes_it() -> No
     with pytest.raises(KeyboardInterrupt):
         await runner.generate(tasks(6))
     assert ledger.created == 6 and ledger.open == 0 and ledger.closed_more_than_once() == 0
+
+
+@pytest.mark.parametrize("seed", [7, None])
+async def test_every_request_of_a_rollout_carries_the_sampling_its_config_names(seed: int | None) -> None:
+    from gym_resilience import current_rollout
+    from gym_resilience.engines.scripted import echo_script
+
+    sent: list[tuple[int, Sampling]] = []
+
+    def record(prompt_ids, sampling, call_index):
+        rollout = current_rollout()
+        assert rollout is not None
+        sent.append((rollout.rollout_index, sampling))
+        return echo_script(prompt_ids, sampling, call_index)
+
+    config = RunnerConfig(max_turns=2, max_tokens=9, temperature=0.5, top_p=0.9, seed=seed, logprobs=True)
+    await BatchRunner(ScriptedEngine(script=record), factory(EnvCounts()), config).generate(tasks(3))
+    assert len(sent) == 6
+    assert all(sampling == config.sampling(index) for index, sampling in sent)
+    assert {index: sampling.seed for index, sampling in sent} == {
+        i: None if seed is None else seed + i for i in range(3)
+    }
+    assert config.sampling(2) == Sampling(
+        max_tokens=9, temperature=0.5, top_p=0.9, seed=config.rollout_seed(2), logprobs=True
+    )

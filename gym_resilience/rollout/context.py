@@ -47,18 +47,11 @@ class RolloutContext:
     @property
     def seed(self) -> int | None:
         """``config.seed + index``: the RNG seed of the env's reset and of sampling (None without one)."""
-        return None if self.config.seed is None else self.config.seed + self.index
+        return self.config.rollout_seed(self.index)
 
     @property
     def sampling(self) -> Sampling:
-        config = self.config
-        return Sampling(
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            seed=self.seed,
-            logprobs=config.logprobs,
-        )
+        return self.config.sampling(self.index)
 
     def make_env(self, abort: StartAbort) -> ResilientEnv[Any, Any]:
         """The rollout's env, where the config says it runs (``abort`` kills a worker still starting)."""
