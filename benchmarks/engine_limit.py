@@ -61,6 +61,7 @@ from gym_resilience.cache import cache_dir
 from gym_resilience.engines import Sampling
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import VLLMArgs, set_vllm_environment
+from gym_resilience.engines.vllm_common import sampling_params, tokens_prompt
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.models import build_tiny_model
 from gym_resilience.rollout import ChatCodec
@@ -152,24 +153,14 @@ class Offline:
         self.threads = threads
 
     def generate(self, prompts: Sequence[list[int]], samplings: Sequence[Sampling]) -> int:
-        """Tokens generated from ``prompts``, each with its sampling (the runner's, seed and all)."""
+        """Tokens generated from ``prompts``, each with its sampling (the runner's, seed and all), as
+        vLLM's parameters and prompts are built for the engines' requests."""
         import torch
-        from vllm import SamplingParams, TokensPrompt
 
         if self.threads:
             torch._C.set_num_threads(self.threads)  # this thread only; vLLM patches torch.set_num_threads
-        params = [
-            SamplingParams(
-                max_tokens=s.max_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                seed=s.seed,
-                detokenize=False,
-            )
-            for s in samplings
-        ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+            [tokens_prompt(p) for p in prompts], [sampling_params(s) for s in samplings], use_tqdm=False
         )
         return sum(len(output.outputs[0].token_ids) for output in outputs)
 
