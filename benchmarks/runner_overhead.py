@@ -11,9 +11,9 @@
     seeded per rollout) fanned straight into the engine with ``asyncio.gather``, beside a second
     ``gather`` (two identical sides: how far apart this machine puts the same work). Each round
     runs each side ``--pairs`` times (20), in turn. Each batch is also split at its last request and its
-    last generation: the runner's own time is its part before and after the engine's beyond
-    ``gather``'s, and held beside ``gather``'s batch it gives the ratio with the engine's part, where
-    this machine's noise lives, the same on both sides.
+    last generations' return (``EngineTimeline``): the runner's own time is its part before and after
+    the engine's beyond ``gather``'s, and held beside ``gather``'s batch it gives the ratio with the
+    engine's part, where this machine's noise lives, the same on both sides.
 (c) Goodput on real vLLM: 64 three-turn rollouts, 10% failing at their second turn: trajectories kept
     with the flag vs without it (the step aborts: 0 kept).
 
@@ -161,20 +161,33 @@ async def scripted_overhead(rounds: int) -> None:
 
 
 class EngineTimeline:
-    """An engine seen from the batch's side: when its last request went in and its last generation came
-    out. Both the runner and ``gather`` call it, so both pay for it alike."""
+    """An engine seen from the batch's side: when its last request went in and its last generations came
+    back. Both the runner and ``gather`` call it, so both pay for it alike.
+
+    Generations that come back together (an engine step finishing many requests) resume their callers
+    one after another in one pass of the event loop, each running its own code before the next resumes
+    (a rollout decodes its tokens and sends its env step). So a generation's return is timed at the
+    first return of its pass: the caller's own code after it is not the engine's part.
+    """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.last_in = self.last_out = 0.0
+        self._pass_timed = False  # a generation came back in this pass of the event loop, timed
 
     async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
         self.last_in = time.perf_counter()
         try:
             return await self.engine.generate(prompt_ids, sampling)
         finally:
-            self.last_out = time.perf_counter()
+            if not self._pass_timed:
+                self._pass_timed = True
+                self.last_out = time.perf_counter()
+                asyncio.get_running_loop().call_soon(self._end_pass)
+
+    def _end_pass(self) -> None:
+        self._pass_timed = False
 
 
 @dataclass(frozen=True)
