@@ -309,22 +309,17 @@ class _Batch:
     async def _attempt(self, context: RolloutContext) -> AnyTrajectory:
         """One attempt at a rollout, from a fresh env, under the rollout deadline; one that fails before
         the start line holds the rollouts waiting there no more."""
-        try:
-            return await self._within_deadline(context)
-        finally:
-            self.start_line.leave(context.index)
-
-    async def _within_deadline(self, context: RolloutContext) -> AnyTrajectory:
         timeout_s = self.config.rollout_timeout_s
-        if timeout_s is None:  # no deadline to keep: spare the cost of a timeout scope
-            return await run_agent_loop(context)
-        progress = context.progress
+        deadline: asyncio.Timeout | None = None
         try:
+            if timeout_s is None:  # no deadline to keep: spare the cost of a timeout scope
+                return await run_agent_loop(context)
             async with asyncio.timeout(timeout_s) as deadline:
                 return await run_agent_loop(context)
         except TimeoutError as timeout:
-            if not deadline.expired():
+            if deadline is None or not deadline.expired():
                 raise
+            progress = context.progress
             error = RolloutTimeoutError(
                 rollout_index=context.index,
                 phase=progress.phase,
@@ -336,6 +331,8 @@ class _Batch:
             for note in getattr(timeout.__context__, "__notes__", ()):
                 error.add_note(note)
             raise error from None
+        finally:
+            self.start_line.leave(context.index)
 
 
 def check_failures(failures: list[FailedRollout], *, total: int, max_failed_fraction: float | None) -> None:

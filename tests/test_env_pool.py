@@ -153,3 +153,36 @@ async def test_a_failing_call_submitted_together_does_not_stop_the_next() -> Non
         assert await close == "closed"
     finally:
         pool.shutdown()
+
+
+async def test_cancelling_a_calls_signal_stops_the_wait_and_leaves_the_call_to_finish() -> None:
+    pool = EnvPool(1, name="test-pool-signal")
+    release = threading.Event()
+    call, signal = pool.submit_signalled(lambda: release.wait(SETTLE_S) and "env")
+    waiter = asyncio.ensure_future(signal)
+    await asyncio.sleep(0)
+    waiter.cancel()  # the rollout gives up: its wait ends, the call goes on in its thread
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert signal.cancelled() and not call.done()
+    release.set()
+    try:
+        assert await call == "env"  # handed over whole, for teardown to close
+    finally:
+        pool.shutdown()
+
+
+async def test_a_calls_signal_is_set_when_the_call_fails_and_the_call_raises_where_awaited() -> None:
+    pool = EnvPool(1, name="test-pool-signal")
+
+    def fail() -> None:
+        raise ConnectionError("sandbox went away")
+
+    try:
+        call, signal = pool.submit_signalled(fail)
+        assert await signal is None
+        assert call.done()  # set in the same hand-over as the signal
+        with pytest.raises(ConnectionError, match="sandbox went away"):
+            call.result()
+    finally:
+        pool.shutdown()

@@ -247,13 +247,13 @@ async def test_max_concurrency_bounds_rollouts_in_flight() -> None:
 def pool_hops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many calls each hop to the env pool carried, in order."""
     hops: list[int] = []
-    submit_all = EnvPool.submit_all
+    put = EnvPool._put
 
-    def counted(self: EnvPool, *calls: Any) -> Any:
+    def counted(self: EnvPool, calls: list[Any]) -> None:
         hops.append(len(calls))
-        return submit_all(self, *calls)
+        put(self, calls)
 
-    monkeypatch.setattr(EnvPool, "submit_all", counted)
+    monkeypatch.setattr(EnvPool, "_put", counted)
     return hops
 
 

@@ -16,6 +16,8 @@ def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str
             f"env.step must return (observation, reward, terminated, truncated, info), got {result!r:.80}"
         )
     observation, reward, terminated, truncated, info = result
+    if type(reward) is float and type(terminated) is bool and type(truncated) is bool and type(info) is dict:
+        return observation, reward, terminated, truncated, info  # the common case, checked at once
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise TypeError(
             f"env.step returned a reward of type {type(reward).__name__} ({reward!r:.40}), expected a number"

@@ -284,6 +284,8 @@ def as_messages(observation: object) -> list[ChatMessage]:
     """An env's observation as chat messages: a string is one user message."""
     if isinstance(observation, str):
         return [{"role": "user", "content": observation}]
+    if type(observation) is list and all(type(m) is dict for m in observation):  # the common case, at once
+        return [dict(m) for m in observation]
     if isinstance(observation, Mapping):
         return [dict(observation)]
     if isinstance(observation, Sequence) and all(isinstance(m, Mapping) for m in observation):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -83,6 +83,13 @@ class EnvCalls:
         """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
         return self._pool.submit(self._locked(fn, *args))
 
+    def submit_signalled(
+        self, fn: Callable[..., T], *args: Any
+    ) -> tuple[asyncio.Future[T], asyncio.Future[None]]:
+        """:meth:`submit`, with a future to wait on that is signalled once the call's is done (see
+        :meth:`EnvPool.submit_signalled`)."""
+        return self._pool.submit_signalled(self._locked(fn, *args))
+
     def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
         """Start closing ``env`` (once: a close already queued is returned): after its call in flight,
         or, for an isolated env, beside it."""
@@ -90,19 +97,21 @@ class EnvCalls:
             self._closing = self._pool.submit(env.close) if _isolated(env) else self.submit(env.close)
         return self._closing
 
-    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._timed(self.submit(fn, *args))
+    def __call__(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
+        """``fn(*args)`` in the pool, timed as the rollout's env time (await it)."""
+        return self.timed(self.submit(fn, *args))
 
-    async def last_step(self, env: ResilientEnv[Any, Any], action: Any) -> Any:
-        """``env.step(action)`` with the env's close queued behind it in the same hop (the rollout ends
-        whatever the step does); ``close`` then returns that close. An isolated env steps alone: its
+    def last_step(self, env: ResilientEnv[Any, Any], action: Any) -> asyncio.Future[Any]:
+        """Start ``env.step(action)`` with the env's close queued behind it in the same hop (the rollout
+        ends whatever the step does); ``close`` then returns that close. An isolated env steps alone: its
         close must be able to run beside a stuck step."""
         if _isolated(env):
-            return await self(env.step, action)
+            return self.submit(env.step, action)
         step, self._closing = self._pool.submit_all(self._locked(env.step, action), self._locked(env.close))
-        return await self._timed(step)
+        return step
 
-    async def _timed(self, call: asyncio.Future[T]) -> T:
+    async def timed(self, call: asyncio.Future[T]) -> T:
+        """Await a call started here, its time counted as the rollout's env time."""
         start = time.perf_counter()
         try:
             return await call
@@ -188,10 +197,10 @@ async def open_env(
     return it with how its reset ended (None: not reset yet, see ``_EnvBuild.run``). A rollout cancelled
     meanwhile leaves the env to be closed on arrival."""
     build = _EnvBuild(make, reset)
-    opening = call.submit(build.run)
+    # The rollout waits on the signal: cancelling the pool's future would lose the env it still hands over.
+    opening, opened = call.submit_signalled(build.run)
     try:
-        # Shielded: cancelling the pool's future would lose the env it still hands over.
-        return await asyncio.shield(opening)
+        await opened
     except asyncio.CancelledError as cancelled:
         build.abandon()
         if not await late.wait(opening):
@@ -203,6 +212,7 @@ async def open_env(
             # Handed over just before the rollout gave up on it.
             await close_after_failure(opening.result()[0], call, cancelled, late)
         raise
+    return opening.result()
 
 
 async def close_after_failure(

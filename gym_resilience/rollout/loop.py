@@ -26,11 +26,12 @@ from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Traje
 __all__ = ["run_agent_loop"]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Transcript:
-    """What a rollout accumulates turn by turn."""
+    """What a rollout accumulates turn by turn (logprobs only when the batch returns them)."""
 
     prompt_ids: list[int]
+    keep_logprobs: bool
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -42,12 +43,14 @@ class _Transcript:
     def add_generated(self, generation: Generation) -> None:
         self.response_ids += generation.token_ids
         self.loss_mask += [1] * len(generation.token_ids)
-        self.logprobs += generation.logprobs or [0.0] * len(generation.token_ids)
+        if self.keep_logprobs:
+            self.logprobs += generation.logprobs or [0.0] * len(generation.token_ids)
 
     def add_env_tokens(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
         self.loss_mask += [0] * len(token_ids)
-        self.logprobs += [0.0] * len(token_ids)
+        if self.keep_logprobs:
+            self.logprobs += [0.0] * len(token_ids)
 
 
 def _reward(value: float, length: int, token_level: bool) -> float | list[float]:
@@ -95,8 +98,9 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
         raise
     progress.phase = "close"
     closing = call.close(env)
-    # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise.
-    if not await late.wait(closing):
+    # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise. (Done
+    # already, the common case after a last step that queued it, it needs no wait.)
+    if not closing.done() and not await late.wait(closing):
         raise RolloutTimeoutError(
             rollout_index=rollout.index,
             phase="close",
@@ -119,7 +123,7 @@ async def _turns(
     rollout: RolloutContext, env: ResilientEnv[Any, Any], call: EnvCalls, prompt_ids: list[int]
 ) -> AnyTrajectory:
     codec, config, progress = rollout.codec, rollout.config, rollout.progress
-    record = _Transcript(prompt_ids=prompt_ids)
+    record = _Transcript(prompt_ids=prompt_ids, keep_logprobs=config.logprobs)
     for turn in range(config.max_turns):
         input_ids = prompt_ids + record.response_ids
         if config.max_input_length is not None and len(input_ids) > config.max_input_length:
@@ -144,7 +148,7 @@ async def _turns(
         action = codec.decode(generation.token_ids)
         last_turn = turn == config.max_turns - 1  # the env is closed next, whatever its step does
         observation, reward, terminated, truncated, info = checked_step(
-            await (call.last_step(env, action) if last_turn else call(env.step, action))
+            await (call.timed(call.last_step(env, action)) if last_turn else call(env.step, action))
         )
         record.info = info
         record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))

@@ -33,9 +33,12 @@ IDLE_S = 60.0
 
 _IDLE_NAME = "gym-resilience-env-idle"
 
-# Calls run one after another on one thread, in one context: a future and its call each.
-_Calls = tuple[contextvars.Context, list[tuple["asyncio.Future[Any]", Callable[[], Any]]]]
-_Outcome = tuple["asyncio.Future[Any]", bool, Any]  # (future, whether it returned, result or exception)
+# Calls run one after another on one thread, in one context: a future, its call, and a future to signal
+# once the first is done (or None) each.
+_Call = tuple["asyncio.Future[Any]", Callable[[], Any], "asyncio.Future[None] | None"]
+_Calls = tuple[contextvars.Context, list[_Call]]
+# (future, whether it returned, result or exception, future to signal)
+_Outcome = tuple["asyncio.Future[Any]", bool, Any, "asyncio.Future[None] | None"]
 
 
 class EnvPool:
@@ -59,24 +62,38 @@ class EnvPool:
 
     def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
         """Start ``call`` on a pool thread, in a copy of the caller's context (event loop thread only)."""
-        (future,) = self.submit_all(call)
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._put([(future, call, None)])
         return future
+
+    def submit_signalled(self, call: Callable[[], T]) -> tuple[asyncio.Future[T], asyncio.Future[None]]:
+        """:meth:`submit`, and a second future set to None once the call's is done, to wait on: cancelling
+        it (a cancelled task cancels what it awaits) stops the wait and leaves the call's future whole,
+        to be awaited through teardown. ``asyncio.shield`` does the same with an extra pass of the event
+        loop per call."""
+        future: asyncio.Future[T] = self._loop.create_future()
+        signal: asyncio.Future[None] = self._loop.create_future()
+        self._put([(future, call, signal)])
+        return future, signal
 
     def submit_all(self, *calls: Callable[[], Any]) -> list[asyncio.Future[Any]]:
         """Start ``calls`` one after another on one pool thread, each outcome handed over as it comes:
         one hop for several calls (a last step and the close behind it). Each is a call of its own
         otherwise: one whose future is cancelled before it starts does not run, the next ones do."""
         futures: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in calls]
+        self._put([(future, call, None) for future, call in zip(futures, calls, strict=True)])
+        return futures
+
+    def _put(self, calls: list[_Call]) -> None:
         with self._lock:
             if self._shut:
                 raise RuntimeError("the env pool is shut down: it takes no more calls")
-            self._calls.put((contextvars.copy_context(), list(zip(futures, calls, strict=True))))
+            self._calls.put((contextvars.copy_context(), calls))
             if self._idle:
                 self._idle -= 1
             elif self._threads < self._max_threads:
                 _Worker.take().serve(self, f"{self._name}_{self._threads}")
                 self._threads += 1
-        return futures
 
     def shutdown(self) -> None:
         """Let each thread go once the calls queued so far have run; returns at once."""
@@ -90,10 +107,10 @@ class EnvPool:
         """Run calls on this thread until the pool lets it go (``_Worker`` calls it)."""
         while (item := self._calls.get()) is not None:
             context, calls = item
-            for index, (future, call) in enumerate(calls, start=1):
+            for index, (future, call, signal) in enumerate(calls, start=1):
                 # The thread is free for the next call once the last of these is handed over.
-                self._hand_over(_outcome(future, context, call), free=index == len(calls))
-            del item, calls, future, call, context
+                self._hand_over(_outcome(future, context, call, signal), free=index == len(calls))
+            del item, calls, future, call, signal, context
 
     def _hand_over(self, outcome: _Outcome, *, free: bool) -> None:
         with self._lock:
@@ -110,7 +127,9 @@ class EnvPool:
         with self._lock:
             outcomes, self._outcomes = self._outcomes, []
             self._waking = False
-        for future, returned, value in outcomes:
+        for future, returned, value, signal in outcomes:
+            if signal is not None and not signal.done():
+                signal.set_result(None)  # first: the waiter wakes before what awaits the call itself
             if future.cancelled():
                 continue
             if returned:
@@ -119,13 +138,18 @@ class EnvPool:
                 future.set_exception(value)
 
 
-def _outcome(future: asyncio.Future[Any], context: contextvars.Context, call: Callable[[], Any]) -> _Outcome:
+def _outcome(
+    future: asyncio.Future[Any],
+    context: contextvars.Context,
+    call: Callable[[], Any],
+    signal: asyncio.Future[None] | None,
+) -> _Outcome:
     if future.cancelled():  # given up on before it started: it must not run
-        return (future, False, None)
+        return (future, False, None, signal)
     try:
-        return (future, True, context.run(call))
+        return (future, True, context.run(call), signal)
     except BaseException as exc:  # handed to the awaiting task, as an executor does
-        return (future, False, exc)
+        return (future, False, exc, signal)
 
 
 class _Worker:
