@@ -336,6 +336,40 @@ def test_tokens_per_turn_count_the_runs_of_nonzero_mask_entries_of_any_row_type(
     assert metrics["generate/tokens_per_turn_max"] == 2.0
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_generate_metrics_are_numpys_to_the_bit_on_rows_of_any_length_reward_and_mask(seed: int) -> None:
+    # Counts of tokens are averaged without NumPy (a sum of integers is exact): SkyRL's numbers exactly.
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(int(rng.integers(1, 300))):
+        length = int(rng.integers(0, 200))
+        mask = rng.choice([0, 1, 1], size=length).tolist()
+        reward = [0.0, 1.0, float(rng.random()), -1.0][int(rng.integers(0, 4))]
+        rows.append(
+            Trajectory(
+                prompt_ids=[1], response_ids=[5] * length, reward=reward, loss_mask=mask, stop_reason="stop"
+            )
+        )
+    output = build_batch_output(rows)
+    tokens = np.array([len(r) for r in output.response_ids])
+    assistant = np.array([sum(m) for m in output.loss_masks])
+    rewards = np.array(output.rewards, dtype=float)
+    turns = np.array([len(run) for m in output.loss_masks for run in bytes(m).split(b"\0") if run])
+    expected = {
+        "generate/avg_num_tokens": np.mean(tokens),
+        "generate/std_num_tokens": np.std(tokens),
+        "generate/avg_assistant_tokens": np.mean(assistant),
+        "generate/std_assistant_tokens": np.std(assistant),
+        "generate/avg_tokens_non_zero_rewards": np.mean(tokens[rewards > 0]) if (rewards > 0).any() else 0.0,
+        "generate/avg_tokens_zero_rewards": np.mean(tokens[rewards == 0]) if (rewards == 0).any() else 0.0,
+    }
+    if turns.size:
+        expected["generate/tokens_per_turn_mean"] = np.mean(turns)
+        expected["generate/tokens_per_turn_std"] = np.std(turns)
+    metrics = generate_metrics(output)
+    assert {name: metrics[name] for name in expected} == {name: float(v) for name, v in expected.items()}
+
+
 def test_generate_metrics_of_time_splits_include_the_time_in_no_named_part() -> None:
     successes = [rows()[0], rows()[2]]
     metrics = generate_metrics(build_batch_output(successes))
