@@ -107,9 +107,9 @@ def batch_metrics(
 # linearly interpolated percentiles), so the same batch gives the same numbers on both sides.
 
 
-def _row_rewards(output: BatchOutput) -> np.ndarray[Any, np.dtype[np.float64]]:
+def _row_rewards(output: BatchOutput) -> list[float]:
     """One reward per row: a token-level reward is summed."""
-    return np.array([float(sum(r)) if isinstance(r, list) else float(r) for r in output.rewards], dtype=float)
+    return [float(sum(r)) if isinstance(r, list) else float(r) for r in output.rewards]
 
 
 def _mean(values: Sequence[Any]) -> float:
@@ -172,7 +172,7 @@ def generate_metrics(output: BatchOutput) -> dict[str, float]:
     if not output.response_ids:
         return {}
     tokens = [len(response) for response in output.response_ids]
-    rewards = _row_rewards(output).tolist()
+    rewards = _row_rewards(output)
     rewarded = [count for count, reward in zip(tokens, rewards, strict=True) if reward > 0.0]
     unrewarded = [count for count, reward in zip(tokens, rewards, strict=True) if reward == 0.0]
     assistant: list[Any] = [sum(mask) for mask in output.loss_masks]
