@@ -26,10 +26,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import tenacity
 
 from gym_resilience.errors import describe_exception, root_cause
+from gym_resilience.exact_stats import exact_max, exact_mean, exact_percentile, exact_std
 from gym_resilience.placeholders import FailedRollout
 from gym_resilience.trajectories import AnyTrajectory, BatchOutput, StepWiseTrajectory, TrajectoryId
 
@@ -103,21 +103,14 @@ def batch_metrics(
     return metrics
 
 
-# SkyRL's metrics. They are computed with NumPy as SkyRL computes them (population standard deviation,
-# linearly interpolated percentiles), so the same batch gives the same numbers on both sides.
+# SkyRL's metrics. They are NumPy's numbers, as SkyRL computes them (population standard deviation,
+# linearly interpolated percentiles), to the bit: exact_stats does NumPy's float operations in its order,
+# without its cost on the batch's tail. The same batch gives the same numbers on both sides.
 
 
 def _row_rewards(output: BatchOutput) -> list[float]:
     """One reward per row: a token-level reward is summed."""
     return [float(sum(r)) if isinstance(r, list) else float(r) for r in output.rewards]
-
-
-def _mean(values: Sequence[Any]) -> float:
-    """``np.mean(values)``; for integers (counts of tokens) without NumPy, to the same bit: their sum is
-    exact in any order, and both divide it once (one NumPy call fewer each, on the batch's tail)."""
-    if all(type(value) is int for value in values):
-        return float(sum(values) / len(values))
-    return float(np.mean(values))
 
 
 def _turn_token_counts(loss_masks: Sequence[Sequence[int]]) -> list[int]:
@@ -137,22 +130,12 @@ def _as_bytes(mask: Sequence[int]) -> bytes:
 
 
 def _add_time_stats(metrics: dict[str, float], columns: Mapping[str, Sequence[float]]) -> None:
-    """Mean, 90th percentile and max of each column of per-rollout times (of equal length: one NumPy
-    call for each statistic of them all)."""
-    names = [name for name, times in columns.items() if times]
-    if len({len(columns[name]) for name in names}) > 1:  # not one entry per rollout each: one at a time
-        for name in names:
-            _add_time_stats(metrics, {name: columns[name]})
-        return
-    if not names:
-        return
-    values = np.array([columns[name] for name in names], dtype=float)
-    for name, mean, p90, most in zip(
-        names, np.mean(values, axis=1), np.percentile(values, 90, axis=1), np.max(values, axis=1), strict=True
-    ):
-        metrics[f"generate/trajectory_time_{name}_mean"] = float(mean)
-        metrics[f"generate/trajectory_time_{name}_p90"] = float(p90)
-        metrics[f"generate/trajectory_time_{name}_max"] = float(most)
+    """Mean, 90th percentile and max of each column of per-rollout times."""
+    for name, times in columns.items():
+        if times:
+            metrics[f"generate/trajectory_time_{name}_mean"] = exact_mean(times)
+            metrics[f"generate/trajectory_time_{name}_p90"] = exact_percentile(times, 90)
+            metrics[f"generate/trajectory_time_{name}_max"] = exact_max(times)
 
 
 def _per_rollout(output: BatchOutput, column: list[float]) -> list[float]:
@@ -160,6 +143,15 @@ def _per_rollout(output: BatchOutput, column: list[float]) -> list[float]:
     if output.is_last_step is None:
         return column
     return [value for value, last in zip(column, output.is_last_step, strict=False) if last]
+
+
+def _time_in_no_part(completion: Sequence[float], parts: list[list[float]]) -> list[float]:
+    """Each rollout's completion time less the sum of its parts' (as NumPy's ``completion - sum(parts,
+    0)``: the parts added in order, then subtracted)."""
+    totals = [float(value) for value in parts[0]]
+    for part in parts[1:]:
+        totals = [total + value for total, value in zip(totals, part, strict=True)]
+    return [float(value) - total for value, total in zip(completion, totals, strict=True)]
 
 
 def generate_metrics(output: BatchOutput) -> dict[str, float]:
@@ -179,19 +171,19 @@ def generate_metrics(output: BatchOutput) -> dict[str, float]:
     metrics = {
         "generate/min_num_tokens": float(min(tokens)),
         "generate/max_num_tokens": float(max(tokens)),
-        "generate/avg_num_tokens": _mean(tokens),
-        "generate/std_num_tokens": float(np.std(tokens)),
-        "generate/avg_tokens_non_zero_rewards": _mean(rewarded) if rewarded else 0.0,
-        "generate/avg_tokens_zero_rewards": _mean(unrewarded) if unrewarded else 0.0,
-        "generate/avg_assistant_tokens": _mean(assistant),
+        "generate/avg_num_tokens": exact_mean(tokens),
+        "generate/std_num_tokens": exact_std(tokens),
+        "generate/avg_tokens_non_zero_rewards": exact_mean(rewarded) if rewarded else 0.0,
+        "generate/avg_tokens_zero_rewards": exact_mean(unrewarded) if unrewarded else 0.0,
+        "generate/avg_assistant_tokens": exact_mean(assistant),
         "generate/min_assistant_tokens": float(min(assistant)),
         "generate/max_assistant_tokens": float(max(assistant)),
-        "generate/std_assistant_tokens": float(np.std(assistant)),
+        "generate/std_assistant_tokens": exact_std(assistant),
     }
     turns = _turn_token_counts(output.loss_masks)
     if turns:
-        metrics["generate/tokens_per_turn_mean"] = _mean(turns)
-        metrics["generate/tokens_per_turn_std"] = float(np.std(turns))
+        metrics["generate/tokens_per_turn_mean"] = exact_mean(turns)
+        metrics["generate/tokens_per_turn_std"] = exact_std(turns)
         metrics["generate/tokens_per_turn_max"] = float(max(turns))
     times = output.trajectory_generation_times
     columns: dict[str, list[float]] = {} if times is None else {"completion": _per_rollout(output, times)}
@@ -200,10 +192,7 @@ def generate_metrics(output: BatchOutput) -> dict[str, float]:
     }
     if columns.get("completion") and splits:
         # Time in no named part: tokenizing, templating, waiting for a thread.
-        other = np.array(columns["completion"], dtype=float) - np.sum(
-            [np.array(s, dtype=float) for s in splits.values()], 0
-        )
-        splits["other"] = other.tolist()
+        splits["other"] = _time_in_no_part(columns["completion"], list(splits.values()))
     _add_time_stats(metrics, columns | splits)
     return metrics
 
@@ -222,8 +211,8 @@ def reward_metrics(output: BatchOutput) -> dict[str, float]:
         for reward in output.rewards
     ]
     return {
-        "reward/avg_raw_reward": float(np.mean(_row_rewards(output))),
-        "reward/mean_positive_reward": float(np.mean(positive)),
+        "reward/avg_raw_reward": exact_mean(_row_rewards(output)),
+        "reward/mean_positive_reward": exact_mean(positive),
     }
 
 
