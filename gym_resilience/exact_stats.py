@@ -8,7 +8,8 @@ each NumPy call costs 100-500 us (its ufunc and array machinery is large code), 
 a loop, and the handful a batch makes cost a 64-rollout batch about 0.6 ms. These loops cost a fraction of
 that, cold or not, and give the numbers SkyRL's generator gets from NumPy.
 
-Values that are not finite go to NumPy itself (its NaN and infinity rules are its own).
+Values that are not finite, and integers whose sums a float cannot hold exactly, go to NumPy itself (its
+rules for those are its own).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from operator import add
 
 import numpy as np
 
-__all__ = ["exact_max", "exact_mean", "exact_percentile", "exact_std"]
+__all__ = ["exact_max", "exact_mean", "exact_percentile", "exact_std", "pairwise_sum"]
 
 _BLOCK = 128  # NumPy's pairwise summation: up to this many values, eight running sums; past it, halves
 
