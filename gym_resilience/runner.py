@@ -107,6 +107,9 @@ class BatchRunner:
         self.env_factory = env_factory
         self.config = config if config is not None else RunnerConfig()
         self._codec: ChatCodec | None = None
+        # Whether the next batch's start line encodes the task prompts ahead: while most envs open
+        # with their task's prompt (each batch's line tells).
+        self._encode_ahead = True
         if self.config.env_backend == "ray":
             # A configuration is data (a scenario file validates without ray); a runner is about to use it.
             from gym_resilience.ray_env import check_ray_installed
@@ -144,10 +147,13 @@ class BatchRunner:
         pool = EnvPool(self.config.env_threads, name="gym-resilience-env")
         limit = self.config.max_concurrency or len(jobs)
         # On the line: the rollouts _Supervisor starts at once, the first ``limit`` jobs.
-        start_line = StartLine((job.index for job in jobs[:limit]), self.config.start_wait_s, codec)
+        start_line = StartLine(
+            {job.index: job.task.prompt for job in jobs[:limit]}, self.config.start_wait_s, codec
+        )
         batch = _Batch(self, codec, pool, start_line)
         try:
-            outcomes = await _Supervisor(jobs, batch.rollout, limit).run()
+            started = start_line.encode_ahead if self._encode_ahead else None
+            outcomes = await _Supervisor(jobs, batch.rollout, limit).run(started)
             failures = [o for o in outcomes if isinstance(o, FailedRollout)]
             check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
         except BaseException as exc:
@@ -157,6 +163,7 @@ class BatchRunner:
             # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
             # closes still run, so a stuck env is closed once its call returns.
             pool.shutdown()
+            self._encode_ahead = start_line.worth_encoding_ahead(self._encode_ahead)
         metrics = batch_metrics(outcomes, elapsed_s=time.perf_counter() - start, attempts=batch.attempts)
         metrics["envs_closed_late"] = float(batch.late.count)
         trajectories = substitute_placeholders(
@@ -195,8 +202,11 @@ class _Supervisor:
         self._aborting: BaseException | None = None
         self._finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def run(self) -> list[Outcome]:
+    async def run(self, started: Callable[[], None] | None = None) -> list[Outcome]:
+        """Every job's outcome, in job order; ``started`` is called once the first rollouts' tasks exist."""
         self._launch()
+        if started is not None:
+            started()
         try:
             await asyncio.shield(self._finished)
         except asyncio.CancelledError as cancelled:

@@ -137,6 +137,11 @@ def hello(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"hello {i}"}]
 
 
+def hellos(n: int) -> dict[int, list[dict[str, str]]]:
+    """A line of ``n`` rollouts, each task's prompt ``hello(index)``."""
+    return {i: hello(i) for i in range(n)}
+
+
 class CountingTokenizer(CharTokenizer):
     """Counts its template calls, and how many chats each took."""
 
@@ -155,7 +160,7 @@ class CountingTokenizer(CharTokenizer):
 
 async def test_the_line_opens_when_everyone_is_there_or_at_its_deadline() -> None:
     codec = ChatCodec(CharTokenizer())
-    line = StartLine(range(3), wait_s=FOREVER_S, codec=codec)
+    line = StartLine(hellos(3), wait_s=FOREVER_S, codec=codec)
     line.leave(7)  # not one of the line's: changes nothing
     waiting = [asyncio.ensure_future(line.first_prompt(i, hello(i))) for i in (0, 1)]
     await asyncio.sleep(0)
@@ -165,7 +170,7 @@ async def test_the_line_opens_when_everyone_is_there_or_at_its_deadline() -> Non
     prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
     assert prompts == [codec.prompt(hello(0)), codec.prompt(hello(1))]
 
-    late = StartLine(range(3), wait_s=0.01, codec=codec)
+    late = StartLine(hellos(3), wait_s=0.01, codec=codec)
     # Nobody else came: the deadline let it go, and open from then on.
     assert await asyncio.wait_for(late.first_prompt(0, hello(0)), SETTLE_S) == codec.prompt(hello(0))
     assert await asyncio.wait_for(late.first_prompt(1, hello(1)), SETTLE_S) == codec.prompt(hello(1))
@@ -175,7 +180,7 @@ async def test_the_line_encodes_its_prompts_in_one_call_as_it_opens() -> None:
     tokenizer = CountingTokenizer()
     codec = ChatCodec(tokenizer)
     tokenizer.calls.clear()  # the codec's own probes
-    line = StartLine(range(4), wait_s=FOREVER_S, codec=codec)
+    line = StartLine(hellos(4), wait_s=FOREVER_S, codec=codec)
     waiting = [asyncio.ensure_future(line.first_prompt(i, hello(i % 3))) for i in range(4)]
     prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
     assert tokenizer.calls == [3]  # the same chat twice is encoded once
@@ -183,9 +188,13 @@ async def test_the_line_encodes_its_prompts_in_one_call_as_it_opens() -> None:
     assert prompts[0] is not prompts[3]  # each rollout owns its list
 
 
-async def test_a_rollout_cancelled_at_the_line_leaves_the_others_their_prompts() -> None:
+@pytest.mark.parametrize("ahead", [False, True], ids=["at-the-line", "encoded-ahead"])
+async def test_a_rollout_cancelled_at_the_line_leaves_the_others_their_prompts(ahead: bool) -> None:
     codec = ChatCodec(CharTokenizer())
-    line = StartLine(range(3), wait_s=FOREVER_S, codec=codec)
+    line = StartLine(hellos(3), wait_s=FOREVER_S, codec=codec)
+    if ahead:
+        line.encode_ahead()
+        await asyncio.sleep(0)
     cancelled = asyncio.ensure_future(line.first_prompt(0, hello(0)))
     waiting = asyncio.ensure_future(line.first_prompt(1, hello(1)))
     await asyncio.sleep(0)
@@ -196,17 +205,26 @@ async def test_a_rollout_cancelled_at_the_line_leaves_the_others_their_prompts()
     assert cancelled.cancelled()
 
 
-async def test_a_template_raising_stop_iteration_fails_only_its_rollout_at_the_line() -> None:
-    class Stopping(CharTokenizer):
-        def apply_chat_template(self, conversation, **kwargs):
-            if conversation and isinstance(conversation[-1], dict) and conversation[-1]["content"] == "stop":
-                raise StopIteration  # a future refuses it as an exception: the codec wraps it
-            return super().apply_chat_template(conversation, **kwargs)
+class Stopping(CharTokenizer):
+    """Rejects a chat whose last message says "stop", raising StopIteration (which a future refuses as an
+    exception: the codec wraps it)."""
 
+    def apply_chat_template(self, conversation, **kwargs):
+        if conversation and isinstance(conversation[-1], dict) and conversation[-1]["content"] == "stop":
+            raise StopIteration
+        return super().apply_chat_template(conversation, **kwargs)
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["at-the-line", "encoded-ahead"])
+async def test_a_template_raising_stop_iteration_fails_only_its_rollout_at_the_line(ahead: bool) -> None:
     codec = ChatCodec(Stopping())
-    line = StartLine(range(3), wait_s=FOREVER_S, codec=codec)
+    stop = [{"role": "user", "content": "stop"}]
+    line = StartLine({0: hello(0), 1: stop, 2: hello(2)}, wait_s=FOREVER_S, codec=codec)
+    if ahead:
+        line.encode_ahead()
+        await asyncio.sleep(0)
     first = asyncio.ensure_future(line.first_prompt(0, hello(0)))
-    stopped = asyncio.ensure_future(line.first_prompt(1, [{"role": "user", "content": "stop"}]))
+    stopped = asyncio.ensure_future(line.first_prompt(1, stop))
     assert await asyncio.wait_for(line.first_prompt(2, hello(2)), SETTLE_S) == codec.prompt(hello(2))
     assert await asyncio.wait_for(first, SETTLE_S) == codec.prompt(hello(0))
     with pytest.raises(RuntimeError, match="StopIteration"):
@@ -241,9 +259,9 @@ async def test_a_rollout_whose_opening_is_no_chat_leaves_the_line_before_its_env
 async def test_a_lone_rollout_and_a_line_without_a_wait_never_wait() -> None:
     codec = ChatCodec(CharTokenizer())
     for line, index in (
-        (StartLine([4], wait_s=FOREVER_S, codec=codec), 4),
-        (StartLine([], wait_s=FOREVER_S, codec=codec), 0),
-        (StartLine(range(3), wait_s=0, codec=codec), 0),
+        (StartLine({4: hello(4)}, wait_s=FOREVER_S, codec=codec), 4),
+        (StartLine({}, wait_s=FOREVER_S, codec=codec), 0),
+        (StartLine(hellos(3), wait_s=0, codec=codec), 0),
     ):
         assert await asyncio.wait_for(line.first_prompt(index, hello(0)), SETTLE_S) == codec.prompt(hello(0))
 
@@ -252,3 +270,112 @@ async def test_a_lone_rollout_and_a_line_without_a_wait_never_wait() -> None:
 def test_a_start_wait_that_is_not_a_finite_non_negative_number_is_rejected_naming_it(value) -> None:
     with pytest.raises(UnsupportedConfigError, match="start_wait_s"):
         RunnerConfig(start_wait_s=value)
+
+
+# --- Task prompts encoded ahead, while the envs open. ----------------------------------------------------
+
+
+async def test_openings_that_are_their_task_prompts_take_the_ids_encoded_ahead() -> None:
+    tokenizer = CountingTokenizer()
+    codec = ChatCodec(tokenizer)
+    tokenizer.calls.clear()
+    line = StartLine(hellos(3), wait_s=FOREVER_S, codec=codec)
+    line.encode_ahead()
+    await asyncio.sleep(0)  # the loop's next pass encodes them, in one call
+    assert tokenizer.calls == [3]
+    waiting = [asyncio.ensure_future(line.first_prompt(i, hello(i))) for i in range(3)]
+    prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    assert tokenizer.calls == [3]  # nothing left to encode as the line opened
+    assert prompts == [codec.prompt(hello(i)) for i in range(3)]
+    assert (line.arrived, line.matched) == (3, 3) and line.worth_encoding_ahead(default=False)
+
+
+async def test_an_opening_other_than_its_task_prompt_is_encoded_as_the_line_opens() -> None:
+    tokenizer = CountingTokenizer()
+    codec = ChatCodec(tokenizer)
+    tokenizer.calls.clear()
+    # Rollout 2's opening equals its task's prompt (1 == True) but renders otherwise.
+    task_prompts = {0: hello(0), 1: hello(1), 2: [{"role": "user", "content": 1}]}
+    openings = [
+        hello(0),
+        [{"role": "system", "content": "be brief"}, *hello(1)],
+        [{"role": "user", "content": True}],
+    ]
+    line = StartLine(task_prompts, wait_s=FOREVER_S, codec=codec)
+    line.encode_ahead()
+    await asyncio.sleep(0)
+    waiting = [asyncio.ensure_future(line.first_prompt(i, opening)) for i, opening in enumerate(openings)]
+    prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    assert tokenizer.calls == [3, 2]  # ahead, then the two openings that were not their task's prompt
+    assert prompts == [codec.prompt(opening) for opening in openings]
+    assert prompts[2] != codec.prompt(task_prompts[2])
+    assert (line.arrived, line.matched) == (3, 1) and not line.worth_encoding_ahead(default=True)
+
+
+async def test_a_task_prompt_that_is_no_chat_is_not_encoded_ahead_and_its_opening_is_at_the_line() -> None:
+    tokenizer = CountingTokenizer()
+    codec = ChatCodec(tokenizer)
+    tokenizer.calls.clear()
+    line = StartLine({0: "hello 0", 1: None, 2: hello(2)}, wait_s=FOREVER_S, codec=codec)
+    line.encode_ahead()
+    await asyncio.sleep(0)
+    assert tokenizer.calls == [1]  # only the chat
+    waiting = [asyncio.ensure_future(line.first_prompt(i, hello(i))) for i in range(3)]
+    prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    assert tokenizer.calls == [1, 2]
+    assert prompts == [codec.prompt(hello(i)) for i in range(3)]
+    assert (line.arrived, line.matched) == (3, 1)
+
+
+class RecordingTokenizer(CharTokenizer):
+    """Records the role of the first message of each chat it encodes in a batch, call by call."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def apply_chat_template(self, conversation, **kwargs):
+        if conversation and isinstance(conversation[0], list):
+            self.batches.append([chat[0]["role"] for chat in conversation])
+            return [
+                super(RecordingTokenizer, self).apply_chat_template(chat, **kwargs) for chat in conversation
+            ]
+        return super().apply_chat_template(conversation, **kwargs)
+
+
+class SystemFirstEnv(CountingTextEnv):
+    """Opens the tasks named ``s...`` with a system message before their prompt."""
+
+    def reset(self, *, seed=None, options=None):
+        observation, info = super().reset(seed=seed, options=options)
+        if self.task.instance_id.startswith("s"):
+            observation = [{"role": "system", "content": "be brief"}, *observation]
+        return observation, info
+
+
+async def test_the_runner_encodes_ahead_only_while_most_envs_open_with_their_task_prompt() -> None:
+    tokenizer = RecordingTokenizer()
+    counts = EnvCounts()
+    engine = ScriptedEngine(tokenizer=tokenizer)
+    runner = BatchRunner(
+        engine, factory(counts, env=SystemFirstEnv), RunnerConfig(max_turns=1, start_wait_s=FOREVER_S)
+    )
+    codec = ChatCodec(tokenizer)
+
+    async def batch_of(prefix: str) -> list[list[str]]:
+        tokenizer.batches.clear()
+        batch = tasks(N, prefix)
+        result = await asyncio.wait_for(runner.generate(batch), SETTLE_S)
+        opened = [
+            ([{"role": "system", "content": "be brief"}] if prefix == "s" else []) + task.prompt
+            for task in batch
+        ]
+        assert result.output.prompt_token_ids == [codec.prompt(chat) for chat in opened]
+        return tokenizer.batches
+
+    await batch_of("t")  # the codec's first batch: encodes ahead, every opening matches
+    assert await batch_of("t") == [["user"] * N]  # ahead; nothing at the line
+    assert await batch_of("s") == [["user"] * N, ["system"] * N]  # ahead, wasted; then at the line
+    assert await batch_of("s") == [["system"] * N]  # no longer ahead
+    assert await batch_of("t") == [["user"] * N]  # at the line: the openings matched again...
+    assert await batch_of("t") == [["user"] * N]  # ...so ahead once more
+    assert counts.open == 0

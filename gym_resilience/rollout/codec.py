@@ -151,9 +151,11 @@ class EncodeQueue:
         self.loop = loop
         self._waiting: dict[str, tuple[list[ChatMessage], list[asyncio.Future[list[int]]]]] = {}
 
-    def add(self, conversation: list[ChatMessage]) -> asyncio.Future[list[int]]:
+    def add(self, conversation: list[ChatMessage], key: str | None = None) -> asyncio.Future[list[int]]:
+        """A future of ``conversation``'s ids; ``key`` is its ``repr``, where the caller has it already."""
         future: asyncio.Future[list[int]] = self.loop.create_future()
-        self._waiting.setdefault(repr(conversation), (conversation, []))[1].append(future)
+        key = repr(conversation) if key is None else key
+        self._waiting.setdefault(key, (conversation, []))[1].append(future)
         return future
 
     def waiting(self) -> dict[str, tuple[list[ChatMessage], list[asyncio.Future[list[int]]]]]:
