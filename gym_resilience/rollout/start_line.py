@@ -22,8 +22,8 @@ encode those ahead (:meth:`StartLine.encode_ahead`), while the envs open in the 
 loop is otherwise idle then, and the Rust tokenizer runs beside the threads. A rollout whose env opened
 with exactly its task's prompt (the same ``repr``: what the chat template renders) takes those ids at the
 line; any other opening is encoded as the line opens. On a 64-rollout batch this took 0.9-1.5 ms off
-the runner's own time (README, Benchmarks). The line counts the openings that matched, so that the runner encodes
-ahead only while it pays (:meth:`StartLine.worth_encoding_ahead`).
+the runner's own time (README, Benchmarks). The line counts the openings that matched, so that the
+runner encodes ahead only while it pays (:meth:`StartLine.worth_encoding_ahead`).
 """
 
 from __future__ import annotations
@@ -105,16 +105,12 @@ class StartLine:
         if not isinstance(task_prompt, list) or opening != task_prompt:  # most that differ, differ here
             return None
         ahead = self._ahead.pop(index, None)
-        if ahead is None:  # not encoded ahead: a match counted all the same
-            self.matched += 1
-            return None
-        key, encoded = ahead
-        if key != repr(opening):  # equal, but not rendered alike (True and 1, keys in another order)
+        if ahead is not None and ahead[0] != repr(opening):  # equal, but not rendered alike (True and 1)
             return None
         self.matched += 1
-        if not encoded.done() or encoded.exception() is not None:  # encoded at the line instead
-            return None
-        return encoded.result()
+        if ahead is None or not ahead[1].done() or ahead[1].exception() is not None:
+            return None  # not encoded ahead, or its encoding failed: encoded at the line
+        return ahead[1].result()
 
     def _encode_ahead(self) -> None:
         queue = self._codec.held_queue()
