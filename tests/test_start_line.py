@@ -4,6 +4,7 @@ stuck or failing env holds the others back no longer than the line's wait."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -327,6 +328,88 @@ async def test_a_task_prompt_that_is_no_chat_is_not_encoded_ahead_and_its_openin
     assert (line.arrived, line.matched) == (3, 1)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["at-the-line", "encoded-ahead"])
+async def test_an_opening_equal_to_its_task_prompt_but_rendered_apart_is_no_match_either_way(
+    ahead: bool,
+) -> None:
+    """The line counts a match alike whether it encoded ahead or not, so that the runner's choice for the
+    next batch does not flip on openings that compare equal and render apart."""
+    codec = ChatCodec(CharTokenizer())
+    task_prompts = {0: hello(0), 1: [{"role": "user", "content": 1}], 2: hello(2)}
+    openings = [hello(0), [{"role": "user", "content": True}], [{"content": "hello 2", "role": "user"}]]
+    line = StartLine(task_prompts, wait_s=FOREVER_S, codec=codec)
+    if ahead:
+        line.encode_ahead()
+        await asyncio.sleep(0)
+    waiting = [asyncio.ensure_future(line.first_prompt(i, opening)) for i, opening in enumerate(openings)]
+    prompts = await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S)
+    assert prompts == [codec.prompt(opening) for opening in openings]
+    assert (line.arrived, line.matched) == (3, 1)
+
+
+async def test_a_task_prompt_the_template_rejects_ahead_leaves_no_error_unread() -> None:
+    """Its rollout opened with another chat: the failed encoding ahead is dropped, not left for asyncio
+    to report as an exception never retrieved."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        codec = ChatCodec(Stopping())
+        stop = [{"role": "user", "content": "stop"}]
+        line = StartLine({0: hello(0), 1: stop}, wait_s=FOREVER_S, codec=codec)
+        line.encode_ahead()
+        await asyncio.sleep(0)
+        openings = [hello(0), hello(1)]
+        waiting = [asyncio.ensure_future(line.first_prompt(i, opening)) for i, opening in enumerate(openings)]
+        assert await asyncio.wait_for(asyncio.gather(*waiting), SETTLE_S) == [
+            codec.prompt(o) for o in openings
+        ]
+        del line, waiting
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(handler)
+    assert reported == []
+
+
+class InterruptedOnce(CharTokenizer):
+    """Raises KeyboardInterrupt in its ``armed``-th call with a batch of chats (as a Ctrl-C landing in
+    the template would)."""
+
+    def __init__(self, armed: int) -> None:
+        self.armed = armed
+
+    def apply_chat_template(self, conversation, **kwargs):
+        if conversation and isinstance(conversation[0], list):
+            self.armed -= 1
+            if self.armed == 0:
+                raise KeyboardInterrupt
+            return [super(InterruptedOnce, self).apply_chat_template(chat, **kwargs) for chat in conversation]
+        return super().apply_chat_template(conversation, **kwargs)
+
+
+async def test_an_interrupt_in_the_encoding_ahead_is_raised_in_the_rollouts_of_the_line() -> None:
+    codec = ChatCodec(InterruptedOnce(armed=2))  # the first call is the codec's own probe
+    line = StartLine(hellos(2), wait_s=FOREVER_S, codec=codec)
+    line.encode_ahead()
+    await asyncio.sleep(0)
+    for index in range(2):
+        with pytest.raises(KeyboardInterrupt):  # raised as it arrives, in the rollout's own task
+            await line.first_prompt(index, hello(index))
+
+
+async def test_an_interrupt_in_the_encoding_ahead_reaches_the_runners_caller_with_every_env_closed() -> None:
+    counts = EnvCounts()
+    # Calls with a batch: the codec's probe, the first batch's ahead encoding, the second's.
+    engine = ScriptedEngine(tokenizer=InterruptedOnce(armed=3))
+    runner = BatchRunner(engine, factory(counts), RunnerConfig(max_turns=1, start_wait_s=FOREVER_S))
+    await asyncio.wait_for(runner.generate(tasks(N)), SETTLE_S)
+    with pytest.raises(KeyboardInterrupt):  # awaited in this task: a task would pass it to the loop
+        await runner.generate(tasks(N))
+    assert counts.open == 0
+
+
 class RecordingTokenizer(CharTokenizer):
     """Records the role of the first message of each chat it encodes in a batch, call by call."""
 
@@ -378,4 +461,30 @@ async def test_the_runner_encodes_ahead_only_while_most_envs_open_with_their_tas
     assert await batch_of("s") == [["system"] * N]  # no longer ahead
     assert await batch_of("t") == [["user"] * N]  # at the line: the openings matched again...
     assert await batch_of("t") == [["user"] * N]  # ...so ahead once more
+    assert counts.open == 0
+
+
+class ReorderedEnv(CountingTextEnv):
+    """Opens with its task's prompt, each message's keys in the other order: equal, rendered apart."""
+
+    def reset(self, *, seed=None, options=None):
+        observation, info = super().reset(seed=seed, options=options)
+        return [{"content": m["content"], "role": m["role"]} for m in observation], info
+
+
+async def test_the_runner_stays_off_encoding_ahead_for_openings_equal_but_rendered_apart() -> None:
+    tokenizer = RecordingTokenizer()
+    counts = EnvCounts()
+    runner = BatchRunner(
+        ScriptedEngine(tokenizer=tokenizer),
+        factory(counts, env=ReorderedEnv),
+        RunnerConfig(max_turns=1, start_wait_s=FOREVER_S),
+    )
+    calls = []
+    for _ in range(4):
+        tokenizer.batches.clear()
+        await asyncio.wait_for(runner.generate(tasks(N)), SETTLE_S)
+        calls.append(len(tokenizer.batches))
+    # The first: the codec's probe, the encoding ahead (wasted) and the line's; then the line's alone.
+    assert calls == [3, 1, 1, 1]
     assert counts.open == 0

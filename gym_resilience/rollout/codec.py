@@ -108,17 +108,7 @@ class ChatCodec:
         waiting = queue.waiting()
         if not waiting:
             return
-        conversations = [conversation for conversation, _ in waiting.values()]
-        encoded: list[list[int] | BaseException] | None = None
-        if self._takes_batches and len(conversations) > 1:
-            try:
-                encoded = list(_batch_ids(self.tokenizer, conversations, self._encode_texts))
-            except Exception:  # one conversation the template rejects: one by one, to tell which
-                encoded = None
-            except BaseException as exc:  # KeyboardInterrupt: every rollout that asked raises it
-                encoded = [exc] * len(conversations)
-        if encoded is None:
-            encoded = [self._one(conversation) for conversation in conversations]
+        encoded = self.encode_each([conversation for conversation, _ in waiting.values()])
         for (_, futures), outcome in zip(waiting.values(), encoded, strict=True):
             for future in futures:
                 if future.done():  # its rollout was cancelled meanwhile
@@ -127,6 +117,18 @@ class ChatCodec:
                     future.set_exception(_settable(outcome))
                 else:
                     future.set_result(outcome)
+
+    def encode_each(self, conversations: list[list[ChatMessage]]) -> list[list[int] | BaseException]:
+        """Each conversation's prompt ids, in one tokenizer call where it takes batches, or what its
+        encoding raised (never raises)."""
+        if self._takes_batches and len(conversations) > 1:
+            try:
+                return list(_batch_ids(self.tokenizer, conversations, self._encode_texts))
+            except Exception:  # one conversation the template rejects: one by one, to tell which
+                pass
+            except BaseException as exc:  # KeyboardInterrupt: every rollout that asked raises it
+                return [exc] * len(conversations)
+        return [self._one(conversation) for conversation in conversations]
 
     def _one(self, conversation: list[ChatMessage]) -> list[int] | BaseException:
         try:
@@ -151,11 +153,10 @@ class EncodeQueue:
         self.loop = loop
         self._waiting: dict[str, tuple[list[ChatMessage], list[asyncio.Future[list[int]]]]] = {}
 
-    def add(self, conversation: list[ChatMessage], key: str | None = None) -> asyncio.Future[list[int]]:
-        """A future of ``conversation``'s ids; ``key`` is its ``repr``, where the caller has it already."""
+    def add(self, conversation: list[ChatMessage]) -> asyncio.Future[list[int]]:
+        """A future of ``conversation``'s ids."""
         future: asyncio.Future[list[int]] = self.loop.create_future()
-        key = repr(conversation) if key is None else key
-        self._waiting.setdefault(key, (conversation, []))[1].append(future)
+        self._waiting.setdefault(repr(conversation), (conversation, []))[1].append(future)
         return future
 
     def waiting(self) -> dict[str, tuple[list[ChatMessage], list[asyncio.Future[list[int]]]]]:

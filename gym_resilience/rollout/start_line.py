@@ -36,9 +36,6 @@ from gym_resilience.tasks import ChatMessage
 
 __all__ = ["StartLine"]
 
-# A task prompt encoded ahead: its ``repr`` and its ids to come.
-_Ahead = tuple[str, "asyncio.Future[list[int]]"]
-
 
 class StartLine:
     """Where the rollouts ``prompts`` names (index: its task's prompt) wait for each other before their
@@ -51,7 +48,11 @@ class StartLine:
         self._wait_s = wait_s
         self._codec = codec
         self._prompts: EncodeQueue | None = None  # the arrivals' first prompts, until the line opens
-        self._ahead: dict[int, _Ahead] = {}  # task prompts encoded ahead, until their rollout arrives
+        # Encoded ahead, until the line opens: each rollout's task prompt's repr as it was encoded, and
+        # the ids of each repr whose encoding succeeded (a failed one is encoded again at the line).
+        self._ahead: dict[int, str] = {}
+        self._encoded: dict[str, list[int]] = {}
+        self._interrupted: BaseException | None = None  # what interrupted the encoding ahead
         self._ready: list[tuple[asyncio.Future[list[int]], list[int]]] = []  # arrivals with ids already
         self._deadline: asyncio.TimerHandle | None = None
         self.arrived = 0  # rollouts that brought their first prompt to the line
@@ -77,6 +78,8 @@ class StartLine:
         if index not in self._missing:
             return await self._codec.encode_prompt(messages)
         self.arrived += 1
+        if self._interrupted is not None:  # a KeyboardInterrupt: raised in each rollout, as at the line
+            raise self._interrupted
         opening = list(messages)
         ids = self._encoded_ahead(index, opening)
         if ids is not None:
@@ -100,30 +103,34 @@ class StartLine:
             self._deadline = asyncio.get_running_loop().call_later(self._wait_s, self._release)
 
     def _encoded_ahead(self, index: int, opening: list[ChatMessage]) -> list[int] | None:
-        """The ids encoded ahead for ``index``'s task prompt, if ``opening`` is that prompt (counted)."""
+        """The ids encoded ahead for ``index``'s task prompt, if ``opening`` is that prompt: equal, and
+        rendered alike (``1`` and ``True`` are equal, not alike), counted whether encoded ahead or not."""
         task_prompt = self._task_prompts.get(index)
         if not isinstance(task_prompt, list) or opening != task_prompt:  # most that differ, differ here
             return None
-        ahead = self._ahead.pop(index, None)
-        if ahead is not None and ahead[0] != repr(opening):  # equal, but not rendered alike (True and 1)
+        key = self._ahead.pop(index, None)
+        if repr(opening) != (repr(task_prompt) if key is None else key):
             return None
         self.matched += 1
-        if ahead is None or not ahead[1].done() or ahead[1].exception() is not None:
-            return None  # not encoded ahead, or its encoding failed: encoded at the line
-        return ahead[1].result()
+        return None if key is None else self._encoded.get(key)  # None: not encoded ahead, or it failed
 
     def _encode_ahead(self) -> None:
-        queue = self._codec.held_queue()
+        prompts: dict[str, list[ChatMessage]] = {}  # each distinct prompt once
         for index in self._missing:
             prompt = self._task_prompts.get(index)
             if isinstance(prompt, list):
-                key = repr(prompt)
-                self._ahead[index] = (key, queue.add(list(prompt), key))
-        self._codec.encode_queued(queue)
+                self._ahead[index] = key = repr(prompt)
+                prompts.setdefault(key, list(prompt))
+        for key, outcome in zip(prompts, self._codec.encode_each(list(prompts.values())), strict=True):
+            if isinstance(outcome, list):
+                self._encoded[key] = outcome
+            elif not isinstance(outcome, Exception):
+                self._interrupted = outcome
 
     def _release(self) -> None:
         self._missing.clear()
         self._ahead.clear()
+        self._encoded.clear()
         if self._deadline is not None:
             self._deadline.cancel()
         ready, self._ready = self._ready, []
