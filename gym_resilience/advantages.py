@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from gym_resilience.errors import OutputValidationError, UnsupportedConfigError
 from gym_resilience.trajectories import BatchOutput, TrajectoryId
 from gym_resilience.validation import (
+    as_batch_output,
     check_all_or_no_trajectory_level_rewards,
     check_column_lengths,
     check_columns_are_lists,
@@ -145,14 +146,20 @@ _STEP_WISE_CHECKS: Final[tuple[Callable[[BatchOutput], list[str]], ...]] = (
 """What step-wise grouping relies on: a trajectory is the rows up to a row with ``is_last_step`` True."""
 
 
-def _check_input(output: BatchOutput) -> None:
-    # Like the validator's, these checks report malformed input instead of raising, so all of them run.
-    checks = _CHECKS
-    if getattr(output, "is_last_step", None) is not None:
-        checks += _STEP_WISE_CHECKS
-    problems = [problem for check in checks for problem in check(output)]
+def _checked_input(output: BatchOutput | Mapping[str, Any]) -> BatchOutput:
+    """``output`` read as the validator reads it (a GeneratorOutput dict too), if the computation can
+    use it."""
+    batch, problems = as_batch_output(output, "group_relative_advantages")
     if problems:
         raise OutputValidationError(problems)
+    # Like the validator's, these checks report malformed input instead of raising, so all of them run.
+    checks = _CHECKS
+    if getattr(batch, "is_last_step", None) is not None:
+        checks += _STEP_WISE_CHECKS
+    problems = [problem for check in checks for problem in check(batch)]
+    if problems:
+        raise OutputValidationError(problems)
+    return batch
 
 
 def _check_options(*, epsilon: float, failed_group_policy: str) -> None:
@@ -223,7 +230,7 @@ def _group_advantages(
 
 
 def group_relative_advantages(
-    output: BatchOutput,
+    output: BatchOutput | Mapping[str, Any],
     *,
     normalize_std: bool = True,
     epsilon: float = 1e-6,
@@ -234,7 +241,8 @@ def group_relative_advantages(
 
     Args:
         output: the batch, trajectory-level or token-level rewards, one row per sample or (step-wise) per
-            step. It is not modified.
+            step: a ``BatchOutput``, or SkyRL's ``GeneratorOutput`` dict, read as ``validate_batch_output``
+            reads it. It is not modified.
         normalize_std: divide by the group's sample std plus ``epsilon`` (GRPO); False: only subtract the
             group mean (Dr. GRPO).
         epsilon: added to the std before dividing, a finite number >= 0.
@@ -249,7 +257,8 @@ def group_relative_advantages(
     Raises:
         UnsupportedConfigError: ``failed_group_policy`` is unknown or ``epsilon`` is negative or not finite.
         OutputValidationError: a row has no trajectory id, or the columns the computation reads are
-            malformed (lengths, reward values, step-wise structure), listing every problem found.
+            malformed (lengths, reward values, step-wise structure) or missing, listing every problem found.
+        TypeError: ``output`` is neither a ``BatchOutput`` nor a mapping.
 
     Example:
         >>> from gym_resilience.trajectories import Trajectory, TrajectoryId, build_batch_output
@@ -266,7 +275,7 @@ def group_relative_advantages(
         [1.155, -0.577, 0.0]
     """
     _check_options(epsilon=epsilon, failed_group_policy=failed_group_policy)
-    _check_input(output)
+    output = _checked_input(output)
 
     samples_by_group: dict[str, list[_Sample]] = {}
     for sample in _samples(output):

@@ -169,7 +169,7 @@ class RunnerConfig:
         """
         resolve = exceptions or _known_exception
         root = tuple(at)
-        hints = typing.get_type_hints(cls)
+        hints = _field_types(cls)
         values: dict[str, Any] = {}
         for key, value in _fields_of(cls, mapping, root).items():
             if key == "retry":
@@ -182,6 +182,7 @@ class RunnerConfig:
             raise _at((*root, *exc.path), exc.reason) from None
 
     def __post_init__(self) -> None:
+        self._check_types()
         _check_positive("max_turns", self.max_turns)
         _check_positive("max_tokens", self.max_tokens)
         _check_positive("n_samples_per_prompt", self.n_samples_per_prompt)
@@ -246,6 +247,18 @@ class RunnerConfig:
                 option="batched",
             )
 
+    def _check_types(self) -> None:
+        """Each field of its annotated type (the check ``from_mapping`` makes of plain data; an int given
+        for a float field becomes a float), so that a wrong one fails here, naming the field, rather than
+        in the middle of a batch."""
+        for name, annotation in _field_types(type(self)).items():
+            value = getattr(self, name)
+            if name == "retry":
+                if value is not None and not isinstance(value, RetryPolicy):
+                    raise _at((name,), f"expected None or a RetryPolicy, got {_show(value)}")
+            elif type(checked := _typed(value, annotation, (name,))) is not type(value):
+                object.__setattr__(self, name, checked)  # frozen: an int made a float
+
     def _check_env_backend(self) -> None:
         """Checks ``env_backend`` and the options that go with it; ``isolate_envs`` selects "process"."""
         if self.env_backend not in ENV_BACKENDS:
@@ -269,6 +282,18 @@ class RunnerConfig:
             from gym_resilience.ray_env import check_actor_options  # not at import: it is rarely needed
 
             check_actor_options(self.env_actor_options)
+
+
+_FIELD_TYPES: dict[type[Any], dict[str, Any]] = {}
+
+
+def _field_types(kind: type[Any]) -> dict[str, Any]:
+    """The resolved annotations of a dataclass's init fields (resolved once per class)."""
+    if kind not in _FIELD_TYPES:
+        hints = typing.get_type_hints(kind)
+        fields = dataclasses.fields(kind)
+        _FIELD_TYPES[kind] = {field.name: hints[field.name] for field in fields if field.init}
+    return _FIELD_TYPES[kind]
 
 
 def _check_positive(option: str, value: int) -> None:
@@ -319,7 +344,7 @@ def _retry_policy(
         raise _at(
             root, f"expected null or a mapping of RetryPolicy fields ({', '.join(known)}), got {_show(value)}"
         )
-    hints = typing.get_type_hints(RetryPolicy)
+    hints = _field_types(RetryPolicy)
     values: dict[str, Any] = {}
     for key, item in _fields_of(RetryPolicy, value, root, _RETRY_FIELDS_NOT_IN_DATA).items():
         if key == "retry_on":

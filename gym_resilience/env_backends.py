@@ -17,6 +17,7 @@ import gymnasium
 
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
+from gym_resilience.errors import describe_exception
 from gym_resilience.isolation import IsolatedEnv, StartAbort
 from gym_resilience.tasks import Task
 from gym_resilience.worker_env import WorkerEnv
@@ -34,7 +35,20 @@ def make_env(
     process or actor while it starts."""
     if config.env_backend == "thread":
         raw = env_factory(task)
-        return raw if isinstance(raw, ResilientEnv) else ResilientEnv(raw)
+        if isinstance(raw, ResilientEnv):
+            return raw
+        try:
+            return ResilientEnv(raw)
+        except BaseException as exc:  # not an env ResilientEnv can wrap: what the factory built is closed
+            close = getattr(raw, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as close_error:
+                    exc.add_note(
+                        f"closing what env_factory returned also failed: {describe_exception(close_error)}"
+                    )
+            raise
     env_fn = functools.partial(env_factory, task)
     deadlines: dict[str, Any] = {
         "step_timeout": config.env_step_timeout_s,

@@ -77,6 +77,7 @@ __all__ = [
     "is_transient",
     "is_transient_status",
     "root_cause",
+    "settable",
 ]
 
 TRANSIENT_ERRORS: Final[tuple[type[Exception], ...]] = (ConnectionError, TimeoutError)
@@ -137,6 +138,17 @@ def describe_exception(exc: BaseException) -> str:
     text = exception_message(exc)
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
+
+
+def settable(error: BaseException, source: str) -> BaseException:
+    """``error`` as an asyncio future can raise it. A future refuses ``StopIteration`` (it would end the
+    generator awaiting it): that one comes wrapped in a ``RuntimeError`` that names ``source`` (what raised
+    it, such as "the env factory") and has it as its cause. Any other error is returned as it is."""
+    if not isinstance(error, StopIteration):
+        return error
+    wrapped = RuntimeError(f"{source} raised StopIteration: {error!r}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def root_cause(exc: BaseException) -> BaseException:

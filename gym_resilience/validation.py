@@ -627,10 +627,15 @@ STEP_WISE_CHECKS: Final[tuple[Check, ...]] = (
 """Checks that run in step-wise mode only."""
 
 
-def _as_batch_output(output: object) -> tuple[BatchOutput, list[str]]:
-    """The ``BatchOutput`` to check, with the problems found on the way (missing keys of a mapping).
+def as_batch_output(output: object, reader: str) -> tuple[BatchOutput, list[str]]:
+    """The ``BatchOutput`` that ``reader`` (a function's name, for the error) reads from ``output``: a
+    ``BatchOutput``, or a mapping read as ``BatchOutput.from_dict`` reads it. With it, the problems found
+    on the way (the keys a mapping lacks).
 
     An empty ``is_placeholder`` (the field's default) means no placeholders: it becomes all False.
+
+    Raises:
+        TypeError: ``output`` is neither.
     """
     problems: list[str] = []
     if isinstance(output, Mapping):
@@ -638,7 +643,7 @@ def _as_batch_output(output: object) -> tuple[BatchOutput, list[str]]:
         output = BatchOutput.from_mapping_unchecked(output)
     elif not isinstance(output, BatchOutput):
         raise TypeError(
-            "validate_batch_output expects a BatchOutput or a mapping with the keys of SkyRL's "
+            f"{reader} expects a BatchOutput or a mapping with the keys of SkyRL's "
             f"GeneratorOutput, got {type(output).__name__}"
         )
     flags, size = getattr(output, "is_placeholder", None), _batch_size(output)
@@ -674,7 +679,7 @@ def validate_batch_output(
         >>> validate_batch_output(build_batch_output([row]), num_prompts=1)
         >>> validate_batch_output(build_batch_output([row]).to_dict(), num_prompts=1)
     """
-    batch, problems = _as_batch_output(output)
+    batch, problems = as_batch_output(output, "validate_batch_output")
     if problems:
         raise OutputValidationError(problems)
     for check in CHECKS:

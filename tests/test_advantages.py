@@ -20,6 +20,7 @@ Group b has equal rewards: std 0, every advantage 0.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import pickle
 
@@ -595,3 +596,31 @@ def test_each_groups_real_advantages_are_centred_and_scaled_by_the_sample_std(
         assert math.fsum(values) == pytest.approx(0.0, abs=1e-9)
         # Standardised by the sample std, the advantages have sample variance 1.
         assert math.fsum(v * v for v in values) / (len(values) - 1) == pytest.approx(1.0, rel=1e-9)
+
+
+# What it reads: what the validator reads.
+
+
+def test_a_generator_output_dict_gives_the_advantages_of_its_batch() -> None:
+    batch = build_batch_output([real("a", 0, 1.0), real("a", 1, 0.0), placeholder("a", 2), real("b", 0, 1.0)])
+    as_dict = batch.to_dict()
+    validate_batch_output(as_dict, num_prompts=4)
+    from_dict, from_batch = group_relative_advantages(as_dict), group_relative_advantages(batch)
+    assert from_dict.advantages == from_batch.advantages
+    assert from_dict.failed_groups == from_batch.failed_groups == ("a",)
+
+
+def test_a_batch_with_the_default_empty_placeholder_flags_has_no_placeholders() -> None:
+    batch = build_batch_output([real("a", 0, 1.0), real("a", 1, 0.0)])
+    unflagged = dataclasses.replace(batch, is_placeholder=[])
+    validate_batch_output(unflagged, num_prompts=2)
+    assert group_relative_advantages(unflagged).advantages == group_relative_advantages(batch).advantages
+
+
+def test_a_dict_without_a_column_names_it_and_anything_else_is_a_type_error() -> None:
+    as_dict = build_batch_output([real("a", 0, 1.0)]).to_dict()
+    del as_dict["loss_masks"]
+    with pytest.raises(OutputValidationError, match="loss_masks"):
+        group_relative_advantages(as_dict)
+    with pytest.raises(TypeError, match=r"^group_relative_advantages expects a BatchOutput or a mapping"):
+        group_relative_advantages([1, 2, 3])  # type: ignore[arg-type]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gym_resilience.models import build_tiny_model
 from gym_resilience.rollout import ChatCodec
+from gym_resilience.rollout.codec import chat_ids
 from gym_resilience.tasks import ChatMessage
 
 
@@ -197,3 +199,19 @@ def test_a_tokenizer_that_decodes_its_own_way_is_decoded_its_way() -> None:
     tokenizer.clean_up_tokenization_spaces = True  # the wrapper edits the text after the Rust decode
     spaced = tokenizer.encode("a , b", add_special_tokens=False)
     assert ChatCodec(tokenizer).decode(spaced) == tokenizer.decode(spaced, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("observation", [[{"role": "user", "content": "Try again."}], []])
+def test_a_turn_after_an_observation_is_the_template_of_the_whole_conversation(
+    observation: list[ChatMessage],
+) -> None:
+    """SkyRL's generator's token-in-token-out: the prompt, the generated reply (ending at the end-of-turn
+    token the engine stops at) and the observation's ids are the template's ids for the conversation,
+    including what the template writes after an end-of-turn token (ChatML's newline)."""
+    codec = ChatCodec(TOKENIZER)
+    prompt: list[ChatMessage] = [{"role": "user", "content": "What is 6 x 7?"}]
+    reply = "It is 42."
+    generated = [*TOKENIZER.encode(reply, add_special_tokens=False), codec.eos_token_id]
+    turn_two = codec.prompt(prompt) + generated + codec.observation(observation)
+    conversation = [*prompt, {"role": "assistant", "content": reply}, *observation]
+    assert turn_two == chat_ids(TOKENIZER, conversation, add_generation_prompt=True)

@@ -186,3 +186,48 @@ async def test_a_calls_signal_is_set_when_the_call_fails_and_the_call_raises_whe
             call.result()
     finally:
         pool.shutdown()
+
+
+async def test_a_call_submitted_after_a_stuck_one_waits_on_its_thread_and_the_others_stay_free() -> None:
+    pool = EnvPool(2, name="test-pool")
+    started, release, order = threading.Event(), threading.Event(), []
+    stuck = pool.submit(lambda: (started.set(), release.wait(SETTLE_S), order.append("stuck")))
+    assert await asyncio.to_thread(started.wait, SETTLE_S)
+    stuck.cancel()  # its rollout gave up: the thread still runs it
+    after = pool.submit_after(stuck, lambda: (order.append("after"), threading.current_thread().name)[1])
+    # The second thread is free for another call while the first is stuck.
+    assert await asyncio.wait_for(pool.submit(lambda: "free"), SETTLE_S) == "free"
+    assert not after.done() and order == []
+    release.set()
+    assert await after == "test-pool_0" and order == ["stuck", "after"]
+    pool.shutdown()
+
+
+async def test_a_call_submitted_after_one_that_returned_runs_as_any_call() -> None:
+    pool = EnvPool(1, name="test-pool")
+    done = pool.submit(lambda: "done")
+    assert await done == "done"
+    assert await pool.submit_after(done, lambda: "next") == "next"
+    pool.shutdown()
+
+
+async def test_a_call_submitted_apart_runs_while_every_pool_thread_is_stuck() -> None:
+    pool = EnvPool(1, name="test-pool")
+    release = threading.Event()
+    stuck = pool.submit(lambda: release.wait(SETTLE_S))
+    apart = pool.submit_apart(lambda: (release.set(), threading.current_thread().name)[1])
+    assert await asyncio.wait_for(apart, SETTLE_S) == "test-pool-apart"
+    assert await stuck is True
+    pool.shutdown()
+
+
+@pytest.mark.parametrize("submit", ["submit", "submit_apart"])
+async def test_a_call_raising_stop_iteration_raises_a_runtime_error_where_awaited(submit: str) -> None:
+    """A future refuses StopIteration; before, the hand-over broke and dropped the outcomes with it."""
+    pool = EnvPool(2, name="test-pool")
+    fine = pool.submit(lambda: "fine")
+    with pytest.raises(RuntimeError, match="an env call raised StopIteration") as info:
+        await getattr(pool, submit)(lambda: next(iter(())))
+    assert isinstance(info.value.__cause__, StopIteration)
+    assert await fine == "fine"
+    pool.shutdown()

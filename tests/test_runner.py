@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from doubles import CountingTextEnv, EnvCounts, Fault, factory, fail_on, tasks
+from leaks import eventually
 
 from gym_resilience import (
     AllRolloutsFailedError,
@@ -359,6 +360,33 @@ async def test_more_failures_than_the_budget_raise_with_every_failure_attached()
     assert len(within.failures) == 2
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "reason"),
+    [
+        ("temperature", float("nan"), "expected a finite number, got .nan"),
+        ("temperature", "0.7", "expected a number, got '0.7'"),
+        ("top_p", None, "expected a number, got null"),
+        ("seed", "0", "expected an integer or null, got '0'"),
+        ("seed", 1.5, "expected an integer or null, got 1.5"),
+        ("max_failed_fraction", "0.5", "expected a number or null, got '0.5'"),
+        ("skip_failed_rollouts", "no", "expected true or false, got 'no'"),
+        ("retry", 3, "expected None or a RetryPolicy, got 3"),
+        ("close_timeout_s", float("inf"), "expected a finite number, got .inf"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_rejected_at_construction_naming_it(
+    option: str, value: Any, reason: str
+) -> None:
+    with pytest.raises(UnsupportedConfigError) as info:
+        RunnerConfig(**{option: value})
+    assert (info.value.option, info.value.reason) == (option, reason)
+
+
+def test_an_integer_given_for_a_number_becomes_a_float() -> None:
+    config = RunnerConfig(temperature=1, top_p=1)
+    assert type(config.temperature) is float and type(config.top_p) is float
+
+
 def test_env_deadlines_without_isolation_are_rejected() -> None:
     with pytest.raises(
         UnsupportedConfigError, match=r"^env_step_timeout_s: needs env_backend='process' or 'ray'"
@@ -470,3 +498,164 @@ async def test_every_request_of_a_rollout_carries_the_sampling_its_config_names(
     assert config.sampling(2) == Sampling(
         max_tokens=9, temperature=0.5, top_p=0.9, seed=config.rollout_seed(2), logprobs=True
     )
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), -float("inf")])
+def test_a_reward_that_is_not_finite_is_a_value_error_naming_it(reward: float) -> None:
+    from gym_resilience.rollout.checks import checked_step
+
+    with pytest.raises(
+        ValueError, match=f"env.step returned a reward of {reward!r}, expected a finite number"
+    ):
+        checked_step(([], reward, False, False, {}))
+
+
+async def test_an_env_rewarding_nan_fails_its_rollout_alone_and_the_batch_validates() -> None:
+    class NanReward(CountingTextEnv):
+        def step(self, action: str) -> Any:
+            observation, _, terminated, truncated, info = super().step(action)
+            return (
+                observation,
+                float("nan") if self.task.instance_id == "t1" else 1.0,
+                terminated,
+                truncated,
+                info,
+            )
+
+    ledger = EnvCounts()
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=2)
+    result = await BatchRunner(ScriptedEngine(), factory(ledger, env=NanReward), config).generate(tasks(3))
+    assert [t.is_placeholder for t in result.trajectories] == [False, True, False]
+    assert "finite" in str(result.failures[0].exception) and ledger.open == 0
+    validate_batch_output(result.output, num_prompts=3)
+
+
+def _empty_at(rollout_index: int, turn: int, finish_reason: str) -> Any:
+    """An engine script that returns no tokens to one rollout at one turn (an engine closed under the batch
+    aborts its requests so), and echoes otherwise."""
+    from gym_resilience import current_rollout
+    from gym_resilience.engines.base import Generation
+    from gym_resilience.engines.scripted import echo_script
+
+    def script(prompt_ids: list[int], sampling: Sampling, call_index: int) -> Generation:
+        rollout = current_rollout()
+        if rollout is not None and (rollout.rollout_index, rollout.turn) == (rollout_index, turn):
+            return Generation(token_ids=[], logprobs=None, finish_reason=finish_reason)  # type: ignore[arg-type]
+        return echo_script(prompt_ids, sampling, call_index)
+
+    return script
+
+
+@pytest.mark.parametrize("finish_reason", ["abort", "stop"])
+@pytest.mark.parametrize("token_level_rewards", [False, True])
+async def test_a_first_generation_with_no_tokens_fails_its_rollout_alone(
+    finish_reason: str, token_level_rewards: bool
+) -> None:
+    ledger = EnvCounts()
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=2, token_level_rewards=token_level_rewards)
+    engine = ScriptedEngine(script=_empty_at(1, 0, finish_reason))
+    result = await BatchRunner(engine, factory(ledger), config).generate(tasks(3))
+    assert [t.is_placeholder for t in result.trajectories] == [False, True, False]
+    no_tokens = f"the engine returned no tokens (finish reason {finish_reason!r})"
+    assert str(result.failures[0].exception).endswith(f"{no_tokens}: the trajectory would have no response")
+    assert ledger.open == 0
+    validate_batch_output(result.output, num_prompts=3)
+
+
+async def test_a_later_abort_with_no_tokens_ends_the_rollout_with_what_it_has() -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=3)
+    engine = ScriptedEngine(script=_empty_at(1, 1, "abort"))
+    result = await BatchRunner(engine, factory(EnvCounts()), config).generate(tasks(2))
+    aborted = result.trajectories[1]
+    assert isinstance(aborted, Trajectory) and not aborted.is_placeholder
+    assert aborted.stop_reason == "abort" and aborted.response_ids
+    validate_batch_output(result.output, num_prompts=2)
+
+
+@pytest.mark.parametrize(("finish_reason", "steps"), [("stop", None), ("abort", 1)])
+async def test_a_step_wise_generation_with_no_tokens_fails_unless_it_is_an_abort(
+    finish_reason: str, steps: int | None
+) -> None:
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=3, step_wise=True)
+    engine = ScriptedEngine(script=_empty_at(1, 1, finish_reason))
+    result = await BatchRunner(engine, factory(EnvCounts()), config).generate(tasks(2))
+    second = result.trajectories[1]
+    assert isinstance(second, StepWiseTrajectory)
+    if steps is None:  # the step would have had no response
+        assert second.is_placeholder
+    else:  # the abort records no step: the steps before it stand
+        assert not second.is_placeholder and len(second.steps) == steps
+    validate_batch_output(result.output, num_prompts=2, step_wise=True)
+
+
+async def test_a_factory_raising_stop_iteration_fails_its_rollout_alone() -> None:
+    """A future refuses StopIteration (``next()`` on an exhausted iterator, in user code): it arrives
+    wrapped in a RuntimeError, rather than breaking the hand-over of every outcome delivered with it."""
+    ledger = EnvCounts()
+    inner = factory(ledger)
+
+    def env_factory(task: Any) -> Any:
+        time.sleep(0.05)  # so that the builds come back together
+        if task.instance_id == "t0":
+            return next(iter(()))
+        return inner(task)
+
+    config = RunnerConfig(skip_failed_rollouts=True, max_turns=2)
+    result = await asyncio.wait_for(BatchRunner(ScriptedEngine(), env_factory, config).generate(tasks(4)), 30)
+    assert [t.is_placeholder for t in result.trajectories] == [True, False, False, False]
+    error = result.failures[0].exception
+    assert type(error) is RuntimeError and "an env call raised StopIteration" in str(error)
+    assert ledger.created == 3 and ledger.open == 0
+
+
+async def test_what_a_factory_returns_that_is_no_env_is_closed() -> None:
+    closed: list[str] = []
+
+    class NotAnEnv:
+        def __init__(self, task: Any) -> None:
+            self.task = task
+
+        def close(self) -> None:
+            closed.append(self.task.instance_id)
+
+    config = RunnerConfig(skip_failed_rollouts=True)
+    with pytest.raises(AllRolloutsFailedError, match=r"expected a gymnasium\.Env"):
+        await BatchRunner(ScriptedEngine(), NotAnEnv, config).generate(tasks(2))
+    assert sorted(closed) == ["t0", "t1"]
+
+
+async def test_a_close_behind_a_stuck_step_leaves_the_other_pool_thread_to_the_batch() -> None:
+    """The close of a rollout that gave up on a stuck step waits on that step's thread, not on a second
+    one: with two threads, the rest of the batch still runs, and the env is closed when the step returns."""
+    ledger = EnvCounts()
+    stuck = fail_on({"t0"}, turn=0, exc=None, sleep_s=4.0)
+    config = RunnerConfig(
+        skip_failed_rollouts=True,
+        env_threads=2,
+        max_concurrency=1,
+        rollout_timeout_s=1.0,
+        close_timeout_s=0.5,
+        max_turns=3,
+    )
+    result = await BatchRunner(ScriptedEngine(), factory(ledger, stuck), config).generate(tasks(4))
+    assert [t.is_placeholder for t in result.trajectories] == [True, False, False, False]
+    assert await eventually(lambda: ledger.open == 0)
+
+
+@pytest.mark.parametrize("step_wise", [False, True])
+@pytest.mark.parametrize(("logprobs", "count"), [(None, "no logprobs"), ([-0.5], "1 logprobs")])
+async def test_an_engine_without_a_logprob_per_token_fails_the_rollout_when_the_batch_records_them(
+    step_wise: bool, logprobs: list[float] | None, count: str
+) -> None:
+    from gym_resilience import EngineError
+    from gym_resilience.engines.base import Generation
+
+    def script(prompt_ids: list[int], sampling: Sampling, call_index: int) -> Generation:
+        return Generation(token_ids=[7, 8], logprobs=logprobs, finish_reason="stop")
+
+    config = RunnerConfig(skip_failed_rollouts=True, logprobs=True, step_wise=step_wise)
+    with pytest.raises(AllRolloutsFailedError) as info:
+        await BatchRunner(ScriptedEngine(script=script), factory(EnvCounts()), config).generate(tasks(2))
+    error = info.value.exceptions[0]
+    assert isinstance(error, EngineError)
+    assert str(error) == f"ScriptedEngine returned {count} for 2 tokens; logprobs=True needs one per token"

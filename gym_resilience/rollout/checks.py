@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -16,12 +17,20 @@ def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str
             f"env.step must return (observation, reward, terminated, truncated, info), got {result!r:.80}"
         )
     observation, reward, terminated, truncated, info = result
-    if type(reward) is float and type(terminated) is bool and type(truncated) is bool and type(info) is dict:
+    if (
+        type(reward) is float
+        and math.isfinite(reward)
+        and type(terminated) is bool
+        and type(truncated) is bool
+        and type(info) is dict
+    ):
         return observation, reward, terminated, truncated, info  # the common case, checked at once
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise TypeError(
             f"env.step returned a reward of type {type(reward).__name__} ({reward!r:.40}), expected a number"
         )
+    if not math.isfinite(reward):  # it would make the batch's reward metrics and any loss NaN
+        raise ValueError(f"env.step returned a reward of {reward!r}, expected a finite number")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, bool | numbers.Integral) and type(flag).__name__ != "bool_":  # numpy's bool
             raise TypeError(f"env.step returned {name}={flag!r:.40}, expected a bool")

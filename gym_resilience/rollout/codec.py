@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gym_resilience.engines.base import Tokenizer
+from gym_resilience.errors import settable
 from gym_resilience.tasks import ChatMessage
 
 __all__ = ["ChatCodec", "EncodeQueue", "as_messages", "chat_ids"]
@@ -53,7 +54,9 @@ class ChatCodec:
             raise ValueError("the tokenizer has no eos_token_id: cannot end turns or build placeholders")
         self.eos_token_id: int = eos
         self.pad_token_id: int = pad
-        self._base_ids = chat_ids(tokenizer, _BASE_CONVERSATION, add_generation_prompt=False)
+        self._base_ids = _through_last(
+            eos, chat_ids(tokenizer, _BASE_CONVERSATION, add_generation_prompt=False)
+        )
         self._encode_texts = _text_encoder(tokenizer)
         self._takes_batches = _takes_batches(tokenizer, self._encode_texts)
         if self._encode_texts is not None and not self._takes_batches:  # the template's own way, then
@@ -114,7 +117,7 @@ class ChatCodec:
                 if future.done():  # its rollout was cancelled meanwhile
                     continue
                 if isinstance(outcome, BaseException):
-                    future.set_exception(_settable(outcome))
+                    future.set_exception(settable(outcome, "the chat template"))
                 else:
                     future.set_result(outcome)
 
@@ -137,13 +140,14 @@ class ChatCodec:
             return exc
 
 
-def _settable(error: BaseException) -> BaseException:
-    """``error`` as a future can raise it: a future refuses ``StopIteration``, so that one is wrapped."""
-    if not isinstance(error, StopIteration):
-        return error
-    wrapped = RuntimeError(f"the chat template raised StopIteration: {error!r}")
-    wrapped.__cause__ = error
-    return wrapped
+def _through_last(token: int, ids: list[int]) -> list[int]:
+    """``ids`` up to and including the last ``token`` (all of them without one). The base conversation's
+    ids end at its last end-of-turn token, as in SkyRL's generator: what a template puts after one (a
+    ChatML newline) starts the next observation's ids, since the engine, which stops at that token,
+    never generates it."""
+    if token not in ids:
+        return ids
+    return ids[: len(ids) - ids[::-1].index(token)]
 
 
 class EncodeQueue:

@@ -22,9 +22,13 @@ from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.worker_env import WorkerEnv
 
-__all__ = ["EnvCalls", "LateCloses", "Outcome", "close_after_failure", "open_env"]
+__all__ = ["KILL_GRACE_S", "EnvCalls", "LateCloses", "Outcome", "close_after_failure", "open_env"]
 
 T = TypeVar("T")
+
+KILL_GRACE_S = 5.0
+"""How long teardown waits, past ``close_timeout_s``, for the close of an isolated env: killing its worker
+at that deadline and reaping it takes a moment (more on a loaded machine, or for a Ray actor)."""
 
 
 @dataclass
@@ -45,6 +49,12 @@ class LateCloses:
     async def wait(self, step: asyncio.Future[Any]) -> bool:
         """Wait for a teardown step through cancellation, up to ``timeout_s``; whether it finished."""
         return await wait_through_cancellation(step, self.timeout_s, left=self.left)
+
+    async def wait_close(self, env: ResilientEnv[Any, Any], closing: asyncio.Future[None]) -> bool:
+        """:meth:`wait` for ``env``'s close. An isolated env's gets ``KILL_GRACE_S`` more: its close
+        itself kills the worker at ``timeout_s``, then reaps it, so it ends on time of its own."""
+        grace_s = KILL_GRACE_S if _isolated(env) else 0.0
+        return await wait_through_cancellation(closing, self.timeout_s + grace_s, left=self.left)
 
     def note(self, error: BaseException) -> None:
         """Say on the batch's ``error`` how many envs were left to their threads, if any."""
@@ -68,6 +78,7 @@ class EnvCalls:
         self._pool = pool
         self._progress = progress
         self._lock = threading.Lock()
+        self._last: asyncio.Future[Any] | None = None  # the last call started
         self._closing: asyncio.Future[None] | None = None
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
@@ -81,20 +92,29 @@ class EnvCalls:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
-        return self._pool.submit(self._locked(fn, *args))
+        self._last = self._pool.submit(self._locked(fn, *args))
+        return self._last
 
     def submit_signalled(
         self, fn: Callable[..., T], *args: Any
     ) -> tuple[asyncio.Future[T], asyncio.Future[None]]:
         """:meth:`submit`, with a future to wait on that is signalled once the call's is done (see
         :meth:`EnvPool.submit_signalled`)."""
-        return self._pool.submit_signalled(self._locked(fn, *args))
+        self._last, signal = self._pool.submit_signalled(self._locked(fn, *args))
+        return self._last, signal
 
     def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
-        """Start closing ``env`` (once: a close already queued is returned): after its call in flight,
-        or, for an isolated env, beside it."""
+        """Start closing ``env`` (once: a close already queued is returned). It runs after the call in
+        flight, on that call's thread (it takes no second one to wait there); an isolated env's close
+        runs beside that call instead, on a thread of its own, since it must kill a stuck worker even
+        when every pool thread is stuck."""
         if self._closing is None:
-            self._closing = self._pool.submit(env.close) if _isolated(env) else self.submit(env.close)
+            if _isolated(env):
+                self._closing = self._pool.submit_apart(env.close)
+            elif self._last is None:
+                self._closing = self.submit(env.close)
+            else:
+                self._closing = self._pool.submit_after(self._last, self._locked(env.close))
         return self._closing
 
     def __call__(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
@@ -108,6 +128,7 @@ class EnvCalls:
         if _isolated(env):
             return self.submit(env.step, action)
         step, self._closing = self._pool.submit_all(self._locked(env.step, action), self._locked(env.close))
+        self._last = step
         return step
 
     async def timed(self, call: asyncio.Future[T]) -> T:
@@ -224,10 +245,13 @@ async def close_after_failure(
     past ``late.timeout_s`` it is left to run when that call returns, and ``error`` says so.
     """
     closing = call.close(env)
-    if not await late.wait(closing):
+    if not await late.wait_close(env, closing):
         error.add_note(
-            f"the env's close is still waiting after {late.timeout_s:g} s for a call stuck in its thread; "
-            "it runs when that call returns (isolate_envs=True kills stuck envs instead)"
+            f"the isolated env's close did not end {late.timeout_s + KILL_GRACE_S:g} s after it began "
+            "(its worker is killed at close_timeout_s)"
+            if _isolated(env)
+            else f"the env's close is still waiting after {late.timeout_s:g} s for a call stuck in its "
+            "thread; it runs when that call returns (isolate_envs=True kills stuck envs instead)"
         )
         return
     try:

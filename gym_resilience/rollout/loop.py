@@ -14,7 +14,13 @@ from typing import Any
 
 from gym_resilience.engines.base import Generation
 from gym_resilience.env import ResilientEnv
-from gym_resilience.errors import RolloutError, RolloutTimeoutError, describe_exception, root_cause
+from gym_resilience.errors import (
+    EngineError,
+    RolloutError,
+    RolloutTimeoutError,
+    describe_exception,
+    root_cause,
+)
 from gym_resilience.metrics import log_close_failure
 from gym_resilience.rollout.checks import checked_step, numeric_info
 from gym_resilience.rollout.codec import as_messages
@@ -100,7 +106,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     closing = call.close(env)
     # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise. (Done
     # already, the common case after a last step that queued it, it needs no wait.)
-    if not closing.done() and not await late.wait(closing):
+    if not closing.done() and not await late.wait_close(env, closing):
         raise RolloutTimeoutError(
             rollout_index=rollout.index,
             phase="close",
@@ -126,23 +132,26 @@ async def _turns(
     record = _Transcript(prompt_ids=prompt_ids, keep_logprobs=config.logprobs)
     for turn in range(config.max_turns):
         input_ids = prompt_ids + record.response_ids
+        progress.phase, progress.turn = "generate", turn
         if config.max_input_length is not None and len(input_ids) > config.max_input_length:
-            if turn == 0 and not config.step_wise:
-                raise RolloutError(
-                    rollout_index=rollout.index,
-                    phase="generate",
-                    turn=0,
-                    elapsed_s=progress.elapsed(),
-                    detail=f"the prompt has {len(input_ids)} tokens, over max_input_length "
-                    f"{config.max_input_length}",
-                )
+            if turn == 0 and not config.step_wise:  # step-wise, a rollout with no steps is SkyRL's too
+                length = f"the prompt has {len(input_ids)} tokens, over max_input_length"
+                raise _no_response(rollout, f"{length} {config.max_input_length}")
             record.stop_reason = "length"
             break
-        progress.phase, progress.turn = "generate", turn
         generation = await _generate(rollout, input_ids)
+        if config.logprobs:
+            _check_logprobs(rollout, generation)
+        # No tokens would make a trajectory with no response at the first turn, or, step-wise, a step
+        # with none (an abort records no step: it ends the rollout with the steps before it).
+        aborted = generation.finish_reason == "abort"
+        if not generation.token_ids and (not aborted if config.step_wise else turn == 0):
+            raise _no_response(
+                rollout, f"the engine returned no tokens (finish reason {generation.finish_reason!r})"
+            )
         record.add_generated(generation)
         record.stop_reason = generation.finish_reason
-        if generation.finish_reason == "abort":
+        if aborted:
             break
         progress.phase = "step"
         action = codec.decode(generation.token_ids)
@@ -171,6 +180,29 @@ async def _turns(
             record.add_env_tokens([codec.eos_token_id])
         record.add_env_tokens(await codec.encode_observation(as_messages(observation)))
     return _finish(record, rollout)
+
+
+def _check_logprobs(rollout: RolloutContext, generation: Generation) -> None:
+    """A batch that records logprobs needs one per generated token: none made up, none missing."""
+    logprobs = generation.logprobs
+    if logprobs is None or len(logprobs) != len(generation.token_ids):
+        count = "no logprobs" if logprobs is None else f"{len(logprobs)} logprobs"
+        raise EngineError(
+            f"{type(rollout.engine).__name__} returned {count} for {len(generation.token_ids)} tokens; "
+            "logprobs=True needs one per token"
+        )
+
+
+def _no_response(rollout: RolloutContext, why: str) -> RolloutError:
+    """The error for a rollout that would leave a trajectory (or, step-wise, a step) with no response
+    tokens, which no trainer can use and the output validator rejects."""
+    return RolloutError(
+        rollout_index=rollout.index,
+        phase="generate",
+        turn=rollout.progress.turn,
+        elapsed_s=rollout.progress.elapsed(),
+        detail=f"{why}: the trajectory would have no response",
+    )
 
 
 async def _generate(rollout: RolloutContext, prompt_ids: list[int]) -> Generation:

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
+from gym_resilience.errors import settable
+
 __all__ = ["IDLE_S", "EnvPool", "idle_threads"]
 
 T = TypeVar("T")
@@ -57,6 +59,8 @@ class EnvPool:
         self._threads = 0  # taken so far
         self._idle = 0  # threads free for a call not yet taken
         self._outcomes: list[_Outcome] = []  # not yet handed to the loop
+        self._unreturned: set[asyncio.Future[Any]] = set()  # calls queued or running
+        self._after: dict[asyncio.Future[Any], list[_Call]] = {}  # calls to run right after these
         self._waking = False  # a hand-over is scheduled on the loop
         self._shut = False
 
@@ -84,10 +88,38 @@ class EnvPool:
         self._put([(future, call, None) for future, call in zip(futures, calls, strict=True)])
         return futures
 
+    def submit_after(self, previous: asyncio.Future[Any], call: Callable[[], T]) -> asyncio.Future[T]:
+        """:meth:`submit`, but if the call of ``previous`` (a future of this pool's, cancelled or not) is
+        still queued or running, ``call`` runs right after it on the same thread, in its context, rather
+        than taking a thread of its own to wait on it: a close behind a stuck step holds no second
+        thread. Runs even after :meth:`shutdown`, as the calls queued before it do."""
+        future: asyncio.Future[T] = self._loop.create_future()
+        with self._lock:
+            if previous in self._unreturned:
+                self._unreturned.add(future)
+                self._after.setdefault(previous, []).append((future, call, None))
+                return future
+        self._put([(future, call, None)])
+        return future
+
+    def submit_apart(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """:meth:`submit`, on a new thread of its own rather than a pool thread: for a call that must
+        not wait for one (the close that kills an isolated env's worker, while every pool thread may be
+        stuck in such envs)."""
+        future: asyncio.Future[T] = self._loop.create_future()
+        context = contextvars.copy_context()
+
+        def run() -> None:
+            self._hand_over(_outcome(future, context, call, None), last=False)
+
+        threading.Thread(target=run, name=f"{self._name}-apart", daemon=True).start()
+        return future
+
     def _put(self, calls: list[_Call]) -> None:
         with self._lock:
             if self._shut:
                 raise RuntimeError("the env pool is shut down: it takes no more calls")
+            self._unreturned.update(future for future, _, _ in calls)
             self._calls.put((contextvars.copy_context(), calls))
             if self._idle:
                 self._idle -= 1
@@ -107,21 +139,30 @@ class EnvPool:
         """Run calls on this thread until the pool lets it go (``_Worker`` calls it)."""
         while (item := self._calls.get()) is not None:
             context, calls = item
-            for index, (future, call, signal) in enumerate(calls, start=1):
+            index = 0
+            while index < len(calls):
+                future, call, signal = calls[index]
+                index += 1
                 # The thread is free for the next call once the last of these is handed over.
-                self._hand_over(_outcome(future, context, call, signal), free=index == len(calls))
+                calls += self._hand_over(_outcome(future, context, call, signal), last=index == len(calls))
             del item, calls, future, call, signal, context
 
-    def _hand_over(self, outcome: _Outcome, *, free: bool) -> None:
+    def _hand_over(self, outcome: _Outcome, *, last: bool) -> list[_Call]:
+        """Queue ``outcome`` for the loop; returns the calls to run next on this thread (submitted
+        after this one), and counts the thread idle if this was its ``last`` call and there are none."""
         with self._lock:
-            self._idle += free
+            future = outcome[0]
+            self._unreturned.discard(future)
+            after = self._after.pop(future, []) if self._after else []
+            self._idle += last and not after
             self._outcomes.append(outcome)
             if self._waking:
-                return
+                return after
             self._waking = True
         # A closed loop raises RuntimeError: nobody is waiting for these outcomes any more.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._deliver)
+        return after
 
     def _deliver(self) -> None:
         with self._lock:
@@ -149,7 +190,7 @@ def _outcome(
     try:
         return (future, True, context.run(call), signal)
     except BaseException as exc:  # handed to the awaiting task, as an executor does
-        return (future, False, exc, signal)
+        return (future, False, settable(exc, "an env call"), signal)
 
 
 class _Worker:
