@@ -9,10 +9,15 @@ cancellation is delivered afterwards.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-__all__ = ["wait_through_cancellation"]
+__all__ = ["finish", "finish_quietly", "wait_through_cancellation"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 async def wait_through_cancellation(
@@ -59,3 +64,25 @@ async def wait_through_cancellation(
 def _retrieve(step: asyncio.Future[Any]) -> None:
     if not step.cancelled():
         step.exception()
+
+
+async def finish(step: Awaitable[T]) -> T:
+    """Await a cleanup step (an abort, a shutdown, a join) to its end, whatever cancellations arrive
+    meanwhile: then the first of them is raised, else the step's own outcome."""
+    future = asyncio.ensure_future(step)
+    try:
+        await wait_through_cancellation(future)
+    except asyncio.CancelledError:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what propagates
+        raise
+    return future.result()
+
+
+async def finish_quietly(step: Awaitable[object], what: str) -> None:
+    """``finish`` a cleanup step whose failure must not replace the exception (or cancellation) already
+    propagating: it is logged instead."""
+    try:
+        await finish(step)
+    except Exception:
+        logger.debug("%s failed", what, exc_info=True)

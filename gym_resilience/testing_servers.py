@@ -34,8 +34,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from gym_resilience.cache import cache_dir
+from gym_resilience.cleanup import finish, finish_quietly
 from gym_resilience.engines.vllm_args import VLLMArgs, make_rpc_dir, vllm_environment
-from gym_resilience.engines.vllm_common import finish, finish_quietly
 from gym_resilience.errors import DependencyNotInstalledError, EngineError, UnsupportedConfigError
 from gym_resilience.lifecycle import Service
 

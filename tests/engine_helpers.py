@@ -1,13 +1,18 @@
-"""What the tests of both vLLM engines share: a chat prompt, waiting for a condition, child processes."""
+"""What the tests of both vLLM engines share: a chat prompt, waiting for a condition, child processes, bad
+requests."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
+from typing import Any
 
 import psutil
+import pytest
 
-from gym_resilience.engines.base import Engine
+from gym_resilience.engines.base import Engine, Sampling
+from gym_resilience.errors import EngineRequestError
 
 MESSAGES = [{"role": "user", "content": "Move left, then step 3."}]
 
@@ -30,3 +35,29 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> 
 
 def child_pids() -> set[int]:
     return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+BAD_REQUESTS = [
+    ("seed", [1, 2, 3], Sampling(max_tokens=4, temperature=1.0, seed=1.5), "seed must be None or an integer"),
+    (
+        "seed",
+        [1, 2, 3],
+        Sampling(max_tokens=4, temperature=1.0, seed=2**64),
+        "seed must be None or an integer",
+    ),
+    ("max_tokens", [1, 2, 3], Sampling(max_tokens=2.5), "max_tokens must be an integer >= 1"),  # type: ignore[arg-type]
+    ("ids", [1.5, 2.5], Sampling(max_tokens=4), "the prompt's token ids must be integers"),
+    ("ids", "hello", Sampling(max_tokens=4), "the prompt's token ids must be integers"),
+]
+"""Requests vLLM would take on trust and fail later: a seed torch cannot hold in the engine's step (which
+killed the engine), a value of the wrong type in the core's decoding (which hung the async engine)."""
+
+
+async def a_bad_request_fails_alone(engine: Any, prompt: Any, sampling: Sampling, message: str) -> None:
+    """``engine`` fails the request with an EngineRequestError saying ``message`` and answers the next,
+    each within 30 s (an engine that stopped answering would hang the test otherwise)."""
+    with pytest.raises(EngineRequestError, match=re.escape(message)):
+        await asyncio.wait_for(engine.generate(prompt, sampling), 30)
+    next_one = Sampling(max_tokens=4, temperature=1.0, seed=3)
+    generation = await asyncio.wait_for(engine.generate(chat_prompt(engine), next_one), 30)
+    assert len(generation.token_ids) == 4 and engine.is_running

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from engine_helpers import chat_prompt, child_pids, wait_until
+from engine_helpers import BAD_REQUESTS, a_bad_request_fails_alone, chat_prompt, child_pids, wait_until
 
 from gym_resilience.engines import Engine, Sampling, vllm_common
 from gym_resilience.engines.common import finish_reason
@@ -186,7 +186,7 @@ def test_engine_arguments_are_absolute_and_bad_values_are_rejected_when_made(
     args = VLLMArgs(Path("model"), cpu_threads=2)
     assert args.model_dir == tmp_path / "model"
     assert (args.threads(on_cpu=True), args.threads(on_cpu=False)) == (2, None)
-    with pytest.raises(UnsupportedConfigError, match=r"^cpu_threads: must be >= 1, got 0$"):
+    with pytest.raises(UnsupportedConfigError, match=r"^cpu_threads: must be an integer >= 1, got 0$"):
         VLLMArgs(tmp_path, cpu_threads=0)
 
 
@@ -441,3 +441,11 @@ def _vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
+
+
+@slow
+@pytest.mark.parametrize(("what", "prompt", "sampling", "message"), BAD_REQUESTS)
+async def test_a_request_of_the_wrong_type_fails_alone_and_the_engine_answers_the_next(
+    async_engine: VLLMEngine, what: str, prompt: Any, sampling: Sampling, message: str
+) -> None:
+    await a_bad_request_fails_alone(async_engine, prompt, sampling, message)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import chat_prompt, child_pids, wait_until
+from engine_helpers import BAD_REQUESTS, a_bad_request_fails_alone, chat_prompt, child_pids, wait_until
 
 from gym_resilience.engines import Engine, Sampling, vllm_inprocess
 from gym_resilience.engines.local import make_vllm_engine
@@ -61,7 +61,16 @@ def test_the_bundled_tiny_model_is_small(tiny_model: Path) -> None:
     assert cpu_threads(tiny_model) == 1
 
 
-@pytest.mark.parametrize(("option", "value"), [("device", "tpu"), ("cpu_threads", 0)])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("device", "tpu"),
+        ("cpu_threads", 0),
+        ("cpu_threads", 1.5),
+        ("cpu_threads", True),
+        ("cpu_threads", 2**40),
+    ],
+)
 def test_a_bad_option_is_rejected_at_construction(tiny_model: Path, option: str, value: Any) -> None:
     with pytest.raises(UnsupportedConfigError, match=option):
         InProcessVLLMEngine(tiny_model, **{option: value})
@@ -198,6 +207,25 @@ async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error_an
     assert engine.num_in_flight == 0
     generation = await engine.generate(chat_prompt(engine), Sampling(max_tokens=4))
     assert len(generation.token_ids) == 4
+
+
+@slow
+@pytest.mark.parametrize(("what", "prompt", "sampling", "message"), BAD_REQUESTS)
+async def test_a_request_of_the_wrong_type_fails_alone_and_the_engine_answers_the_next(
+    engine: InProcessVLLMEngine, what: str, prompt: Any, sampling: Sampling, message: str
+) -> None:
+    await a_bad_request_fails_alone(engine, prompt, sampling, message)
+
+
+@slow
+async def test_numpy_and_torch_token_ids_are_the_ids_they_hold(engine: InProcessVLLMEngine) -> None:
+    import numpy
+    import torch
+
+    prompt = chat_prompt(engine)
+    expected = await engine.generate(prompt, Sampling(max_tokens=4))
+    for ids in (numpy.array(prompt, dtype=numpy.int64), torch.tensor(prompt)):
+        assert await engine.generate(ids, Sampling(max_tokens=4)) == expected  # type: ignore[arg-type]
 
 
 # -- engines of their own: start, close, failure ---------------------------------------------------
@@ -431,3 +459,49 @@ def test_a_driver_whose_event_loop_closed_still_takes_a_stop() -> None:
     assert stopped.submit(request) and stopped.submit(stop)
     assert stopped._commands.get_nowait() is request and stopped._commands.get_nowait() is stop
     assert stopped._passes_begun == 0  # no pass to wait for on a closed loop
+
+
+@slow
+@pytest.mark.parametrize("when", ["importing", "building"])
+async def test_an_engine_closed_while_it_starts_stops_and_its_start_raises_engine_closed_error(
+    tiny_model: Path, no_session_engine: None, when: str
+) -> None:
+    threads_before = engine_threads()
+    engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
+    starting = asyncio.create_task(engine.start())
+    if when == "building":
+        await wait_until(lambda: engine._starting is not None)
+    else:
+        await asyncio.sleep(0)
+    await engine.aclose()
+    with pytest.raises(EngineClosedError, match="closed while it started"):
+        await starting
+    assert engine_threads() == threads_before and not engine.is_running
+    assert not vllm_inprocess.in_process_engine_running()
+
+
+@slow
+async def test_a_second_close_waits_for_the_first_to_stop_the_thread(
+    tiny_model: Path, no_session_engine: None
+) -> None:
+    threads_before = engine_threads()
+    engine = InProcessVLLMEngine(tiny_model, device="cpu", enforce_eager=True)
+    await engine.start()
+    first = asyncio.create_task(engine.aclose())
+    await asyncio.sleep(0)
+    await engine.aclose()
+    assert engine_threads() == threads_before and not vllm_inprocess.in_process_engine_running()
+    await first
+
+
+@slow
+@pytest.mark.parametrize("engine_class", [InProcessVLLMEngine, VLLMEngine])
+async def test_a_model_folder_that_does_not_exist_is_named_at_start(
+    tmp_path: Path, no_session_engine: None, engine_class: type[InProcessVLLMEngine | VLLMEngine]
+) -> None:
+    engine = engine_class(tmp_path / "no-model", device="cpu")
+    with pytest.raises(UnsupportedConfigError) as info:
+        await engine.start()
+    assert info.value.option == "model_dir"
+    assert str(info.value) == f"model_dir: {tmp_path / 'no-model'} is no such folder: expected a saved model"
+    assert not vllm_inprocess.in_process_engine_running()

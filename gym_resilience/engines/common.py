@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 from pathlib import Path
 from types import TracebackType
 from typing import Self, cast
 
+from gym_resilience.cleanup import finish, wait_through_cancellation
 from gym_resilience.engines.base import FinishReason, Tokenizer
 from gym_resilience.engines.vllm_args import Device
 from gym_resilience.errors import DependencyNotInstalledError, EngineClosedError, EngineError
@@ -27,14 +29,26 @@ class StartedEngine(abc.ABC):
     """An engine used as ``async with Engine(...) as engine:``: started once, closed idempotently."""
 
     _state: EngineState = EngineState.NEW
+    _closing: asyncio.Future[None] | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:
         """Start it; an engine starts once."""
 
-    @abc.abstractmethod
     async def aclose(self) -> None:
-        """Close it; closing again does nothing."""
+        """Close it (what each engine's ``_close`` says it does), through cancellations: a cancellation
+        that arrives meanwhile is raised once the close is done. Idempotent: a call while another
+        closes the engine waits for that close to end; a call after it returns at once."""
+        self._state = EngineState.CLOSED
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+            await finish(self._closing)
+        else:
+            await wait_through_cancellation(self._closing)
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Release what the engine holds; ``aclose`` runs it once, with the state already closed."""
 
     def _check_new(self) -> None:
         if self._state is not EngineState.NEW:

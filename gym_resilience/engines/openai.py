@@ -369,9 +369,8 @@ class OpenAIEngine(StartedEngine):
                 self._health_loop(self._health_interval_s), name="gym-resilience-openai-health"
             )
 
-    async def aclose(self) -> None:
-        """Stop the health check and close the HTTP client. Idempotent; servers are not touched."""
-        self._state = EngineState.CLOSED
+    async def _close(self) -> None:
+        """Stop the health check and close the HTTP client; servers are not touched."""
         task, self._health_task = self._health_task, None
         client, self._client = self._client, None
         try:

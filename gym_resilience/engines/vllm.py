@@ -31,14 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from gym_resilience.cache import cache_dir
+from gym_resilience.cleanup import finish, finish_quietly
 from gym_resilience.engines.base import Generation, Sampling
 from gym_resilience.engines.common import EngineState
 from gym_resilience.engines.vllm_args import make_rpc_dir
 from gym_resilience.engines.vllm_common import (
     LocalVLLMEngine,
     engine_args,
-    finish,
-    finish_quietly,
     map_vllm_errors,
     sampling_params,
     to_generation,
@@ -158,13 +157,10 @@ class VLLMEngine(LocalVLLMEngine):
         self._processes = tuple(process for process in started if "EngineCore" in process.name)
         self._state = EngineState.RUNNING
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         """Abort requests in flight, shut the engine down (about 5 s on CPU) and end its process.
-
-        Idempotent. ``generate`` calls still in flight return with finish reason ``"abort"``.
-        """
+        ``generate`` calls still in flight return with finish reason ``"abort"``."""
         engine, self._engine = self._engine, None
-        self._state = EngineState.CLOSED
         if engine is None:
             return
         try:

@@ -76,8 +76,11 @@ class VLLMArgs:
             raise UnsupportedConfigError(
                 f"expected 'auto', 'cpu' or 'cuda', got {self.device!r}", option="device"
             )
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise UnsupportedConfigError(f"must be >= 1, got {self.cpu_threads}", option="cpu_threads")
+        threads = self.cpu_threads
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads < 2**31
+        ):
+            raise UnsupportedConfigError(f"must be an integer >= 1, got {threads!r}", option="cpu_threads")
         # Frozen: the normalised values go in through object.__setattr__, once, here.
         object.__setattr__(self, "model_dir", Path(self.model_dir).expanduser().absolute())
         object.__setattr__(self, "extra", dict(self.extra))

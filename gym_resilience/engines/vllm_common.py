@@ -9,7 +9,7 @@ an engine starts, never when this module is imported.
 
 from __future__ import annotations
 
-import asyncio
+import array
 import contextlib
 import copy
 import functools
@@ -18,13 +18,13 @@ import importlib.metadata
 import importlib.util
 import itertools
 import logging
+import operator
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gym_resilience.cache import cache_dir
-from gym_resilience.cleanup import wait_through_cancellation
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
 from gym_resilience.engines.common import (
     EngineState,
@@ -48,8 +48,6 @@ __all__ = [
     "LocalVLLMEngine",
     "check_torch_extensions",
     "engine_args",
-    "finish",
-    "finish_quietly",
     "map_vllm_errors",
     "sampling_params",
     "to_generation",
@@ -59,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 # Torch extensions that transformers or vLLM import whenever they are installed, with the import errors
 # that importer survives. transformers imports torchvision and torchaudio unguarded; vLLM imports
@@ -135,14 +132,22 @@ def engine_args(cls: Any, arguments: Mapping[str, Any]) -> Any:
     """vLLM's engine arguments ``cls`` (``EngineArgs`` or ``AsyncEngineArgs``) made from ``arguments``.
 
     Raises:
-        UnsupportedConfigError: ``cls`` has no field of one of their names.
+        UnsupportedConfigError: the model folder has no ``config.json`` (``option`` is ``"model_dir"``),
+            ``cls`` has no field of one of their names, or it rejects a value.
     """
+    model = Path(arguments["model"])
+    if not (model / "config.json").is_file():
+        # vLLM would take the path for a model hub's id and say that it is not a valid one.
+        what = "a folder without a config.json" if model.is_dir() else "no such folder"
+        raise UnsupportedConfigError(f"{model} is {what}: expected a saved model", option="model_dir")
     try:
         return cls(**arguments)
     except TypeError as exc:
         raise UnsupportedConfigError(
             f"vLLM's {cls.__name__} does not take them", option="engine_kwargs"
         ) from exc
+    except ValueError as exc:
+        raise UnsupportedConfigError(f"vLLM's {cls.__name__} rejected them", option="engine_kwargs") from exc
 
 
 # --- Requests and outputs. ----------------------------------------------------------------------------
@@ -173,12 +178,19 @@ def _sampling_template(sampling: Sampling) -> tuple[Any, tuple[str, ...]]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    # vLLM takes these on trust: a seed torch cannot hold fails in the engine's step (the in-process
+    # engine dies of it), and a value of the wrong type fails decoding in the engine core's process (the
+    # async engine then answers nothing more); so they are checked here, for this request alone.
+    max_tokens = _request_int("max_tokens", sampling.max_tokens, low=1, expected="an integer >= 1")
+    seed = sampling.seed
+    if seed is not None:
+        seed = _request_int("seed", seed, low=-(2**63), expected="None or an integer in [-2**63, 2**63)")
     template = SamplingParams(
         n=1,
-        max_tokens=sampling.max_tokens,
+        max_tokens=max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        seed=sampling.seed,
+        seed=seed,
         # 0: only the sampled token's own logprob, no top-k alternatives.
         logprobs=0 if sampling.logprobs else None,
         stop_token_ids=list(sampling.stop_token_ids),
@@ -257,9 +269,31 @@ def map_vllm_errors() -> contextlib.AbstractContextManager[None]:
     return _VLLM_ERRORS
 
 
+def _request_int(name: str, value: Any, *, low: int, expected: str) -> int:
+    """``value`` as an int in [``low``, 2**63) (what vLLM and torch hold), or an EngineRequestError that
+    names it and says what was ``expected``."""
+    try:
+        number = operator.index(value)  # an int, or NumPy's or torch's integer; not a float nor a bool
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool) or not low <= number < 2**63:
+        raise EngineRequestError(f"{name} must be {expected}, got {value!r:.60}")
+    return number
+
+
 def tokens_prompt(prompt_ids: Sequence[int]) -> Any:
-    """``prompt_ids`` as vLLM's ``TokensPrompt``, a list of their own."""
-    return _tokens_prompt_type()(prompt_token_ids=list(prompt_ids))
+    """``prompt_ids`` as vLLM's ``TokensPrompt``, a list of plain ints of their own.
+
+    Raises:
+        EngineRequestError: an id is not an integer (a float, say) or past 2**63: vLLM would truncate a
+            float in-process, and the async engine's core would fail to decode the request and then
+            answer nothing more.
+    """
+    try:
+        ids = array.array("q", prompt_ids).tolist()  # NumPy's and torch's integers too, in C
+    except (TypeError, OverflowError) as exc:
+        raise EngineRequestError(f"the prompt's token ids must be integers: {exc}") from None
+    return _tokens_prompt_type()(prompt_token_ids=ids)
 
 
 @functools.cache
@@ -269,28 +303,6 @@ def _tokens_prompt_type() -> Any:
     from vllm import TokensPrompt
 
     return TokensPrompt
-
-
-async def finish(step: Awaitable[T]) -> T:
-    """Await a cleanup step (an abort, a shutdown, a join) to its end, whatever cancellations arrive
-    meanwhile: then the first of them is raised, else the step's own outcome."""
-    future = asyncio.ensure_future(step)
-    try:
-        await wait_through_cancellation(future)
-    except asyncio.CancelledError:
-        if not future.cancelled():
-            future.exception()  # retrieved: the cancellation is what propagates
-        raise
-    return future.result()
-
-
-async def finish_quietly(step: Awaitable[object], what: str) -> None:
-    """``finish`` a cleanup step whose failure must not replace the exception (or cancellation) already
-    propagating: it is logged instead."""
-    try:
-        await finish(step)
-    except Exception:
-        logger.debug("%s failed", what, exc_info=True)
 
 
 # --- The engines' base. -------------------------------------------------------------------------------

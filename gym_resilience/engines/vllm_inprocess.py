@@ -29,19 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gym_resilience.cleanup import finish
 from gym_resilience.engines.base import Generation, Sampling
 from gym_resilience.engines.common import EngineState
 from gym_resilience.engines.vllm_common import (
     LocalVLLMEngine,
     engine_args,
-    finish,
     map_vllm_errors,
     sampling_params,
     to_generation,
     tokens_prompt,
     vllm_platform,
 )
-from gym_resilience.errors import EngineDeadError, EngineError, UnsupportedConfigError
+from gym_resilience.errors import EngineClosedError, EngineDeadError, EngineError, UnsupportedConfigError
 
 __all__ = ["InProcessVLLMEngine"]
 
@@ -142,13 +142,13 @@ class _Driver:
             self._passes.notify_all()
 
     def _run(self) -> None:
-        if self._cpu_threads is not None:
-            # Per thread under OpenMP: the caller's own torch threads stay as they are. torch._C's is the
-            # real setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op once started.
-            import torch
-
-            torch._C.set_num_threads(self._cpu_threads)
         try:
+            if self._cpu_threads is not None:
+                # torch._C's is the real setter: vLLM's CPU worker replaces torch.set_num_threads with a
+                # no-op once started.
+                import torch
+
+                torch._C.set_num_threads(self._cpu_threads)
             engine = self._build()
         except BaseException as exc:
             self._refuse_commands(None)
@@ -313,8 +313,10 @@ class InProcessVLLMEngine(LocalVLLMEngine):
     """vLLM's ``LLMEngine`` stepped by a thread of this process, behind the ``Engine`` protocol.
 
     Takes ``LocalVLLMEngine``'s arguments, as ``VLLMEngine`` does (the same defaults, from the same
-    ``VLLMArgs``); ``cpu_threads`` sets the engine thread's own torch threads, the rest of the process
-    keeps its setting.
+    ``VLLMArgs``); ``cpu_threads`` sets the engine thread's torch threads. Threads that exist already
+    (the one that started the engine among them) keep their setting, but torch gives the count to the
+    threads started after it, even once the engine is closed, and vLLM's CPU worker leaves
+    ``torch.set_num_threads`` a no-op (``torch._C.set_num_threads`` still sets a thread's own).
 
     Use it as ``async with InProcessVLLMEngine(model_dir) as engine:``. The engine is built on its
     thread while the event loop keeps running (15-35 s on CPU); no process is started.
@@ -324,6 +326,7 @@ class InProcessVLLMEngine(LocalVLLMEngine):
     """
 
     _driver: _Driver | None = None
+    _starting: _Driver | None = None  # the engine thread while it builds the engine
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -351,7 +354,9 @@ class InProcessVLLMEngine(LocalVLLMEngine):
     async def _start(self) -> None:
         # Importing vLLM takes seconds: off the event loop, like the build itself.
         build, on_cpu = await asyncio.to_thread(self._builder)
-        driver = _Driver(build, asyncio.get_running_loop(), self.args.threads(on_cpu=on_cpu))
+        if self._closed():  # closed meanwhile: nothing was started
+            raise self._closed_while_starting()
+        driver = self._starting = _Driver(build, asyncio.get_running_loop(), self.args.threads(on_cpu=on_cpu))
         driver.thread.start()
         try:
             await asyncio.shield(asyncio.wrap_future(driver.ready))
@@ -364,8 +369,19 @@ class InProcessVLLMEngine(LocalVLLMEngine):
             if isinstance(exc, Exception):
                 raise EngineError(f"vLLM failed to start on {self.model_dir}") from exc
             raise
+        finally:
+            self._starting = None
+        if self._closed():  # closed while building: that close stops the thread
+            await _stop(driver)
+            raise self._closed_while_starting()
         self._driver = driver
         self._state = EngineState.RUNNING
+
+    def _closed(self) -> bool:  # a method: the state changes while ``_start`` awaits
+        return self._state is EngineState.CLOSED
+
+    def _closed_while_starting(self) -> EngineClosedError:
+        return EngineClosedError(f"{type(self).__name__} was closed while it started")
 
     def _builder(self) -> tuple[Callable[[], Any], bool]:
         """Check the platform and arguments here: what builds the engine on its thread, and whether
@@ -393,14 +409,12 @@ class InProcessVLLMEngine(LocalVLLMEngine):
 
         return build, on_cpu
 
-    async def aclose(self) -> None:
-        """Abort requests in flight, stop the engine thread and shut vLLM's engine down.
-
-        Idempotent. ``generate`` calls still in flight return with finish reason ``"abort"`` (and no
-        tokens: vLLM's offline engine reports nothing for an aborted request).
-        """
-        driver, self._driver = self._driver, None
-        self._state = EngineState.CLOSED
+    async def _close(self) -> None:
+        """Abort requests in flight, stop the engine thread and shut vLLM's engine down; an engine still
+        starting is stopped once built (``start`` then raises ``EngineClosedError``). ``generate`` calls
+        still in flight return with finish reason ``"abort"`` (and no tokens: vLLM's offline engine
+        reports nothing for an aborted request)."""
+        driver, self._driver = self._driver or self._starting, None
         try:
             if driver is not None:
                 await _stop(driver)
