@@ -215,3 +215,17 @@ def test_a_turn_after_an_observation_is_the_template_of_the_whole_conversation(
     turn_two = codec.prompt(prompt) + generated + codec.observation(observation)
     conversation = [*prompt, {"role": "assistant", "content": reply}, *observation]
     assert turn_two == chat_ids(TOKENIZER, conversation, add_generation_prompt=True)
+
+
+async def test_rollouts_asking_for_the_same_rejected_conversation_each_get_an_error_of_their_own() -> (
+    None
+):
+    """The samples of one task ask for one conversation, encoded once; what one rollout's teardown notes on
+    its error must not show on another's."""
+    codec = ChatCodec(CountingTokenizer())
+    bad = user("the template rejects this")
+    errors = await asyncio.gather(*(codec.encode_prompt(bad) for _ in range(3)), return_exceptions=True)
+    assert len({id(error) for error in errors}) == 3
+    assert all(isinstance(e, ValueError) and str(e) == "the template rejects this message" for e in errors)
+    errors[0].add_note("closing the env also failed")
+    assert not hasattr(errors[1], "__notes__") and not hasattr(errors[2], "__notes__")

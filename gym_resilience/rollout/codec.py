@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -113,11 +114,14 @@ class ChatCodec:
             return
         encoded = self.encode_each([conversation for conversation, _ in waiting.values()])
         for (_, futures), outcome in zip(waiting.values(), encoded, strict=True):
-            for future in futures:
+            for index, future in enumerate(futures):
                 if future.done():  # its rollout was cancelled meanwhile
                     continue
                 if isinstance(outcome, BaseException):
-                    future.set_exception(settable(outcome, "the chat template"))
+                    # Rollouts that asked for the same conversation (the samples of one task) each get
+                    # an error of their own: the notes one adds in its teardown are not on another's.
+                    error = outcome if index == 0 else _copy_of(outcome)
+                    future.set_exception(settable(error, "the chat template"))
                 else:
                     future.set_result(outcome)
 
@@ -138,6 +142,21 @@ class ChatCodec:
             return self.prompt(conversation)
         except BaseException as exc:  # for the rollout that asked: raised where it awaits its encoding
             return exc
+
+
+def _copy_of(error: BaseException) -> BaseException:
+    """A copy of ``error`` with its cause, context, traceback and a list of notes of its own; ``error``
+    itself when it cannot be copied (an ``__init__`` its arguments do not fit)."""
+    try:
+        twin = copy.copy(error)
+    except Exception:
+        return error
+    twin.__cause__, twin.__context__ = error.__cause__, error.__context__
+    twin.__suppress_context__ = error.__suppress_context__
+    twin.__traceback__ = error.__traceback__
+    if hasattr(error, "__notes__"):
+        twin.__notes__ = list(error.__notes__)
+    return twin
 
 
 def _through_last(token: int, ids: list[int]) -> list[int]:
