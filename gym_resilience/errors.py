@@ -359,7 +359,9 @@ class EngineClosedError(EngineError, RuntimeError):
 class EngineDeadError(EngineError):
     """Raised when the engine died ("it broke"), or every endpoint of a served engine is down.
 
-    Close it and start a new engine; retrying on this one cannot succeed.
+    An engine of this process that died: close it and start a new one; retrying on it cannot succeed.
+    A served engine's endpoints come back once their health check passes: its error's cause is the
+    last endpoint's transient failure, which ``RetryPolicy`` retries.
     """
 
 

@@ -91,10 +91,11 @@ class RetryPolicy:
             )
 
     def is_retryable(self, error: BaseException) -> bool:
-        """Whether ``error`` is worth another attempt under this policy (attempts and time aside): it, or
-        an error in its ``__cause__`` chain, is one of ``retry_on`` (``is_transient``).
+        """Whether ``error`` is worth another attempt under this policy (attempts and time aside): it is
+        an ``Exception`` (a cancellation or a ``KeyboardInterrupt`` never is, whatever its cause), and
+        it, or an error in its ``__cause__`` chain, is one of ``retry_on`` (``is_transient``).
         """
-        return is_transient(error, self.retry_on)
+        return isinstance(error, Exception) and is_transient(error, self.retry_on)
 
     def delay_s(self, attempt: int, jitter: float = 0.0) -> float:
         """The sleep after failed attempt ``attempt`` (1-based), for a jitter draw ``jitter`` in [0, 1].

@@ -221,7 +221,9 @@ class VLLMServer(Service):
             EngineError: it is already running, or the process could not be started.
         """
         if self._state is _State.RUNNING:
-            raise EngineError(f"the vLLM server at {self.url} is already running")
+            if self.is_running:
+                raise EngineError(f"the vLLM server at {self.url} is already running")
+            self.stop()  # it died by itself: reaped (its group and folder too) before it starts again
         cache = cache_dir()
         if self._log_path is None:
             folder = cache / "servers"

@@ -217,9 +217,7 @@ def test_a_turn_after_an_observation_is_the_template_of_the_whole_conversation(
     assert turn_two == chat_ids(TOKENIZER, conversation, add_generation_prompt=True)
 
 
-async def test_rollouts_asking_for_the_same_rejected_conversation_each_get_an_error_of_their_own() -> (
-    None
-):
+async def test_rollouts_asking_for_the_same_rejected_conversation_each_get_an_error_of_their_own() -> None:
     """The samples of one task ask for one conversation, encoded once; what one rollout's teardown notes on
     its error must not show on another's."""
     codec = ChatCodec(CountingTokenizer())

@@ -10,6 +10,7 @@ because it leaves its victim dead (the ``pair`` fixture would start it again for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import psutil
 import pytest
 from doubles import EnvCounts, factory, tasks
 
-from gym_resilience import BatchRunner, RunnerConfig, Trajectory, validate_batch_output
+from gym_resilience import BatchRunner, RetryPolicy, RunnerConfig, Trajectory, validate_batch_output
 from gym_resilience.engines import Engine, Sampling
 from gym_resilience.engines.openai import (
     OpenAIEngine,
@@ -154,14 +155,29 @@ def test_a_completion_parses_to_exact_token_ids_logprobs_and_finish_reason() -> 
     ("payload", "message"),
     [
         ({"choices": [{"text": "hi", "finish_reason": "stop"}]}, "has no token ids"),
-        ({"choices": []}, "has no token ids"),
+        ({"choices": []}, "is not a completion"),
+        ([1, 2], "is not a completion"),
+        ({"choices": ["text"]}, "is not a completion"),
+        *(
+            ({"choices": [{"token_ids": ids, "finish_reason": "stop"}]}, "has no token ids")
+            for ids in ("78", [7.9, 8.2], [True, False], None)
+        ),
         (completion_json([9, *PROMPT], [7]), "changed the prompt"),
+        (
+            {"choices": [{"token_ids": [7], "prompt_token_ids": 5, "finish_reason": "stop"}]},
+            "changed the prompt",
+        ),
+        (completion_json(PROMPT, list(range(10, 30))), "returned 20 tokens for max_tokens=16"),
         ({"choices": [{"token_ids": [7], "finish_reason": "stop", "logprobs": None}]}, "no logprob"),
+        *(
+            ({"choices": [{"token_ids": [7], "finish_reason": "stop", "logprobs": logprobs}]}, "no logprob")
+            for logprobs in ([-0.5], "x", {"token_logprobs": ["x"]}, {"token_logprobs": [{}]})
+        ),
     ],
 )
-def test_a_malformed_completion_raises_engine_error(payload: dict[str, Any], message: str) -> None:
+def test_a_malformed_completion_raises_engine_error(payload: Any, message: str) -> None:
     with pytest.raises(EngineError, match=message):
-        parse_completion(payload, PROMPT, Sampling(logprobs=True))
+        parse_completion(payload, PROMPT, Sampling(max_tokens=16, logprobs=True))
 
 
 @pytest.mark.parametrize(
@@ -240,7 +256,8 @@ async def test_when_every_endpoint_fails_engine_dead_error_names_them_all() -> N
     message = str(info.value)
     assert message.startswith("no vLLM endpoint could serve the request: ")
     assert f"{A} (RemoteProtocolError" in message and f"{B} (HTTP 502: status 502)" in message
-    assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
+    # The last endpoint's failure, transient: RetryPolicy retries the rollout.
+    assert isinstance(info.value.__cause__, ConnectionError) and RetryPolicy().is_retryable(info.value)
     assert stats.failures == 2 and stats.failovers == 1 and set(stats.out_of_rotation) == {A, B}
 
 
@@ -302,6 +319,193 @@ async def test_generate_outside_async_with_raises_engine_closed_error() -> None:
         await engine.generate(PROMPT, Sampling())
     with pytest.raises(EngineClosedError, match="only once"):
         await engine.start()
+
+
+def test_request_ids_and_numbers_are_plain_ints_and_a_float_is_a_request_error() -> None:
+    import numpy
+
+    sampling = Sampling(max_tokens=numpy.int64(4), seed=numpy.int64(5), stop_token_ids=(numpy.int64(3),))
+    body = completion_request(numpy.array(PROMPT), sampling, model=None, extra={})
+    assert json.loads(json.dumps(body))["prompt"] == PROMPT  # plain ints: they serialize
+    assert (body["max_tokens"], body["seed"], body["stop_token_ids"]) == (4, 5, [3])
+    with pytest.raises(EngineRequestError, match="the prompt's token ids must be integers"):
+        completion_request([1.5, 2.0], Sampling(), model=None, extra={})
+    with pytest.raises(EngineRequestError, match="seed must be None or an integer"):
+        completion_request(PROMPT, Sampling(seed=1.5), model=None, extra={})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("request_timeout_s", -1.0),
+        ("request_timeout_s", math.nan),
+        ("connect_timeout_s", 0),
+        ("health_timeout_s", None),
+    ],
+)
+def test_a_timeout_that_is_no_deadline_is_rejected_at_construction(option: str, value: Any) -> None:
+    with pytest.raises(UnsupportedConfigError) as info:
+        OpenAIEngine([A], tokenizer_dir="/unused", **{option: value})
+    assert info.value.option == option
+
+
+@pytest.mark.parametrize("failure", ["reset", 429, 503, 408])
+async def test_a_transient_failure_of_the_only_endpoint_is_a_dead_error_retry_policy_retries(
+    failure: str | int,
+) -> None:
+    fake = FakeServers(**{A: failure})
+    async with fake_engine(fake, urls=(A,)) as engine:
+        with pytest.raises(EngineDeadError) as info:
+            await engine.generate(PROMPT, Sampling())
+        fake.set(A, "ok")
+        assert (await engine.generate(PROMPT, Sampling())).token_ids == [7, 8, EOS]  # back after a probe
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert RetryPolicy().is_retryable(info.value)
+
+
+async def test_a_body_that_does_not_decode_fails_over_like_a_reset() -> None:
+    fake = FakeServers()
+
+    async def corrupt_on_a(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a.test" and request.url.path == "/v1/completions":
+            return httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"})
+        return await fake.handle(request)
+
+    engine = OpenAIEngine([A, B], tokenizer_dir="/unused", transport=httpx.MockTransport(corrupt_on_a))
+    async with engine:
+        generations = [await engine.generate(PROMPT, Sampling()) for _ in range(2)]
+        stats = engine.stats
+    assert all(generation.token_ids == [7, 8, EOS] for generation in generations)
+    assert by_url(stats, A).failures == 1 and stats.failovers == 1
+
+
+def hanging_health(release: asyncio.Event) -> httpx.MockTransport:
+    """Health checks wait for ``release`` (200 then); completions answer."""
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            await release.wait()
+            return httpx.Response(200)
+        return httpx.Response(200, json=completion_json(PROMPT, [7]))
+
+    return httpx.MockTransport(handle)
+
+
+def health_tasks() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks() if task.get_name() == "gym-resilience-openai-health"]
+
+
+async def test_an_engine_closed_while_it_probes_at_start_raises_closed_error_and_leaves_no_task() -> None:
+    release = asyncio.Event()
+    engine = OpenAIEngine([A], tokenizer_dir="/unused", transport=hanging_health(release))
+    starting = asyncio.create_task(engine.start())
+    await asyncio.sleep(0.01)
+    await engine.aclose()
+    release.set()
+    with pytest.raises(EngineClosedError, match="closed while it started"):
+        await starting
+    assert health_tasks() == []
+
+
+async def test_a_start_cancelled_while_it_probes_closes_what_it_opened() -> None:
+    engine = OpenAIEngine([A], tokenizer_dir="/unused", transport=hanging_health(asyncio.Event()))
+    starting = asyncio.create_task(engine.start())
+    await asyncio.sleep(0.01)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert engine._client is None and health_tasks() == []
+    with pytest.raises(EngineClosedError, match="is closed"):
+        await engine.generate(PROMPT, Sampling())
+
+
+async def test_a_request_whose_engine_closes_while_it_probes_raises_engine_closed_error() -> None:
+    """A refuses the completion; B, out of rotation since the start, gets a last-chance probe, which
+    hangs until the engine is closed: the close ended the request, not the endpoints."""
+    probing, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            if request.url.host == "a.test":
+                return httpx.Response(200)
+            if not probing.is_set():
+                probing.set()
+                return httpx.Response(503)  # at start: B is out of rotation
+            await release.wait()
+            return httpx.Response(200)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    engine = OpenAIEngine([A, B], tokenizer_dir="/unused", transport=httpx.MockTransport(handle))
+    await engine.start()
+    request = asyncio.create_task(engine.generate(PROMPT, Sampling()))
+    await asyncio.sleep(0.05)
+    await engine.aclose()
+    release.set()
+    with pytest.raises(EngineClosedError):
+        await request
+
+
+async def serve_completions(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A vLLM server's two routes, over real HTTP/1.1: ``/health`` and a one-token completion."""
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            path = head.split(b" ")[1].decode()
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
+                0,
+            )
+            body = await reader.readexactly(length)
+            answer = (
+                b""
+                if path == "/health"
+                else json.dumps(completion_json(json.loads(body)["prompt"], [7])).encode()
+            )
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                % len(answer)
+                + answer
+            )
+            await writer.drain()
+    writer.close()
+
+
+@pytest.mark.parametrize("trust_env", [False, True])
+async def test_a_proxy_in_the_environment_is_used_only_when_trusted(
+    monkeypatch: pytest.MonkeyPatch, trust_env: bool
+) -> None:
+    """A real server on loopback, and HTTP_PROXY at a loopback port where nothing listens: trusted, the
+    proxy takes the requests (and fails them); by default the server gets them."""
+    server = await asyncio.start_server(serve_completions, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    (dead_port,) = free_ports(1)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead_port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    try:
+        async with OpenAIEngine(
+            [url], tokenizer_dir="/unused", health_interval_s=None, trust_env=trust_env
+        ) as engine:
+            if trust_env:
+                with pytest.raises(EngineDeadError):
+                    await engine.generate(PROMPT, Sampling())
+            else:
+                assert (await engine.generate(PROMPT, Sampling())).token_ids == [7]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_retry_policy_never_retries_a_cancellation_or_an_interrupt_whatever_its_cause() -> None:
+    for error in (KeyboardInterrupt(), asyncio.CancelledError()):
+        error.__cause__ = ConnectionResetError("reset")
+        assert not RetryPolicy().is_retryable(error)
+    transient = RuntimeError("failed")
+    transient.__cause__ = ConnectionResetError("reset")
+    assert RetryPolicy().is_retryable(transient)
 
 
 @slow

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -123,6 +124,25 @@ def test_stopping_or_killing_a_server_that_never_started_does_nothing(tmp_path: 
     server.stop()
     server.kill()
     assert server.pid is None and not server.is_running and server.url.startswith("http://127.0.0.1:")
+
+
+def test_a_server_that_died_by_itself_starts_again(tmp_path: Path) -> None:
+    """A crash or the OOM killer, not kill(): start() reaps what is left and starts it anew. A real
+    process group stands in for vLLM's (its start takes a minute)."""
+    server = VLLMServer(tmp_path, log_path=tmp_path / "server.log")
+    server.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        server.start()
+        first = server.pid
+        assert first is not None
+        os.killpg(first, signal.SIGKILL)
+        psutil.Process(first).wait(timeout=10)
+        assert not server.is_running
+        server.start()
+        assert server.is_running and server.pid != first
+    finally:
+        server.stop()
+    assert server.pid is not None and live_group_members(server.pid) == []
 
 
 # --- Real servers. ------------------------------------------------------------------------------------

@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import abc
+import array
 import asyncio
 import enum
+import operator
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self, cast
+from typing import Any, Self, cast
 
 from gym_resilience.cleanup import finish, wait_through_cancellation
-from gym_resilience.engines.base import FinishReason, Tokenizer
+from gym_resilience.engines.base import FinishReason, Sampling, Tokenizer
 from gym_resilience.engines.vllm_args import Device
-from gym_resilience.errors import DependencyNotInstalledError, EngineClosedError, EngineError
+from gym_resilience.errors import (
+    DependencyNotInstalledError,
+    EngineClosedError,
+    EngineError,
+    EngineRequestError,
+)
 
-__all__ = ["EngineState", "StartedEngine", "finish_reason", "install_hint", "load_tokenizer"]
+__all__ = [
+    "EngineState",
+    "StartedEngine",
+    "finish_reason",
+    "install_hint",
+    "load_tokenizer",
+    "request_ids",
+    "request_numbers",
+]
 
 
 class EngineState(enum.Enum):
@@ -53,6 +69,13 @@ class StartedEngine(abc.ABC):
     def _check_new(self) -> None:
         if self._state is not EngineState.NEW:
             raise EngineClosedError(f"{type(self).__name__} can start only once; it is {self._state.value}")
+
+    def _closed(self) -> bool:
+        """Whether the engine was closed (a method: the state changes while ``start`` awaits)."""
+        return self._state is EngineState.CLOSED
+
+    def _closed_while_starting(self) -> EngineClosedError:
+        return EngineClosedError(f"{type(self).__name__} was closed while it started")
 
     def _not_running(self) -> EngineClosedError:
         return EngineClosedError(f"{type(self).__name__} is {self._state.value}; use it inside `async with`")
@@ -97,3 +120,44 @@ def finish_reason(reason: str | None) -> FinishReason:
         # vLLM cut a repetitive output short: truncated by a limit, not a natural end.
         return "length"
     raise EngineError(f"vLLM finished the request with {reason!r}: a request-level engine error")
+
+
+# --- What a request may hold: checked before it leaves for an engine. ---------------------------------
+
+
+def request_ids(prompt_ids: Sequence[int]) -> list[int]:
+    """``prompt_ids`` as a list of plain ints of its own (NumPy's and torch's integers become ints).
+
+    Raises:
+        EngineRequestError: an id is not an integer (a float, say) or is past 2**63. vLLM would truncate
+            a float in-process; its async engine's core would fail to decode the request and then
+            answer nothing more; a server would be sent truncated ids.
+    """
+    try:
+        return array.array("q", prompt_ids).tolist()  # in C, for the few hundred ids of a prompt
+    except (TypeError, OverflowError) as exc:
+        raise EngineRequestError(f"the prompt's token ids must be integers: {exc}") from None
+
+
+def request_numbers(sampling: Sampling) -> tuple[int, int | None]:
+    """``sampling``'s ``max_tokens`` and ``seed`` as plain ints (the seed None when there is none).
+
+    Raises:
+        EngineRequestError: one is not an integer, or out of what vLLM and torch hold: a seed torch
+            cannot hold fails in vLLM's engine step, which ends the in-process engine.
+    """
+    max_tokens = _request_int("max_tokens", sampling.max_tokens, low=1, expected="an integer >= 1")
+    seed = sampling.seed
+    if seed is not None:
+        seed = _request_int("seed", seed, low=-(2**63), expected="None or an integer in [-2**63, 2**63)")
+    return max_tokens, seed
+
+
+def _request_int(name: str, value: Any, *, low: int, expected: str) -> int:
+    try:
+        number = operator.index(value)  # an int, or NumPy's or torch's integer; not a float nor a bool
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool) or not low <= number < 2**63:
+        raise EngineRequestError(f"{name} must be {expected}, got {value!r:.60}")
+    return number

@@ -31,11 +31,18 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from gym_resilience.deadlines import check_seconds
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
-from gym_resilience.engines.common import EngineState, StartedEngine, finish_reason, load_tokenizer
+from gym_resilience.engines.common import (
+    EngineState,
+    StartedEngine,
+    finish_reason,
+    load_tokenizer,
+    request_ids,
+    request_numbers,
+)
 from gym_resilience.errors import (
     DependencyNotInstalledError,
     EngineDeadError,
@@ -188,9 +195,10 @@ def completion_request(
     ``logprobs: 0`` asks for the sampled token's own logprob only, and ``return_tokens_as_token_ids``
     spares the server detokenizing each of them.
     """
+    max_tokens, seed = request_numbers(sampling)
     body: dict[str, Any] = {
-        "prompt": [int(token_id) for token_id in prompt_ids],
-        "max_tokens": sampling.max_tokens,
+        "prompt": request_ids(prompt_ids),
+        "max_tokens": max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "n": 1,
@@ -199,10 +207,10 @@ def completion_request(
     }
     if model is not None:
         body["model"] = model
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
+    if seed is not None:
+        body["seed"] = seed
     if sampling.stop_token_ids:
-        body["stop_token_ids"] = list(sampling.stop_token_ids)
+        body["stop_token_ids"] = request_ids(sampling.stop_token_ids)
     if sampling.logprobs:
         body["logprobs"] = 0
         body["return_tokens_as_token_ids"] = True
@@ -211,26 +219,45 @@ def completion_request(
 
 
 def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
-    """The ``Generation`` in a ``/v1/completions`` response body; a malformed one raises ``EngineError``."""
-    try:
-        choice = payload["choices"][0]  # type: ignore[index]
-        token_ids = [int(token_id) for token_id in choice["token_ids"]]
-        reason = choice["finish_reason"]
-        echoed = choice.get("prompt_token_ids")
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+    """The ``Generation`` in a ``/v1/completions`` response body; a malformed one raises ``EngineError``
+    that says what is wrong with it (JSON's integers and numbers are checked as such, not converted)."""
+    choice = _first_choice(payload)
+    token_ids = choice.get("token_ids")
+    if not _is_ids(token_ids):
         raise EngineError(
-            "the server's completion has no token ids; "
+            f"the server's completion has no token ids (token_ids={token_ids!r:.60}); "
             "OpenAIEngine needs a vLLM server that supports return_token_ids"
-        ) from exc
-    if echoed is not None and list(echoed) != list(prompt_ids):
+        )
+    if len(token_ids) > sampling.max_tokens:
+        raise EngineError(f"the server returned {len(token_ids)} tokens for max_tokens={sampling.max_tokens}")
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and (not _is_ids(echoed) or echoed != list(prompt_ids)):
         raise EngineError("the server changed the prompt's token ids (did it add special tokens?)")
     logprobs: list[float] | None = None
     if sampling.logprobs:
-        raw = (choice.get("logprobs") or {}).get("token_logprobs")
-        if not isinstance(raw, list) or len(raw) != len(token_ids) or any(lp is None for lp in raw):
+        section = choice.get("logprobs")
+        raw = section.get("token_logprobs") if isinstance(section, dict) else None
+        if not isinstance(raw, list) or len(raw) != len(token_ids) or not all(map(_is_number, raw)):
             raise EngineError("the server returned no logprob for some sampled tokens")
         logprobs = [float(lp) for lp in raw]
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(reason))
+    return Generation(
+        token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(choice.get("finish_reason"))
+    )
+
+
+def _first_choice(payload: object) -> dict[str, Any]:
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise EngineError(f"the server's answer is not a completion (no choices): {payload!r:.80}")
+    return choices[0]
+
+
+def _is_ids(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(type(item) is int for item in value)
+
+
+def _is_number(value: object) -> bool:
+    return type(value) is float or type(value) is int
 
 
 def classify_status(status: int) -> FailureKind | None:
@@ -292,6 +319,14 @@ class OpenAIEngine(StartedEngine):
             returns go with that request (``gym_resilience.rollout_headers`` names the rollout, so a
             fault proxy can target it; or tracing and auth headers).
         transport: an ``httpx`` transport to send through instead of the network (tests).
+        trust_env: take proxies and the like from the environment (``HTTP_PROXY``, ``NO_PROXY``, ...),
+            as httpx does by default. Off: a proxy set for the machine would otherwise carry the
+            requests to servers on this one too.
+
+    A request no endpoint could serve raises ``EngineDeadError`` whose cause is the last endpoint's
+    transient failure (a ``ConnectionError`` for a refused or reset connection or a 5xx, 408 or 429
+    status; a ``TimeoutError`` past ``request_timeout_s``), which ``RetryPolicy`` retries by default:
+    endpoints come back into rotation once their health check passes.
 
     Use it as ``async with OpenAIEngine(...) as engine:``; starting probes every endpoint once (one
     that does not answer starts out of rotation) and starts the health check. ``generate`` is safe to
@@ -312,6 +347,7 @@ class OpenAIEngine(StartedEngine):
         extra_body: Mapping[str, Any] | None = None,
         headers: Callable[[], Mapping[str, str]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        trust_env: bool = False,
     ) -> None:
         if isinstance(base_urls, str):
             raise UnsupportedConfigError("expected a sequence of URLs, got one string", option="base_urls")
@@ -320,7 +356,10 @@ class OpenAIEngine(StartedEngine):
             raise UnsupportedConfigError("at least one endpoint URL is needed", option="base_urls")
         if len(set(urls)) != len(urls):
             raise UnsupportedConfigError(f"endpoint URLs must be unique, got {urls}", option="base_urls")
+        check_seconds("request_timeout_s", request_timeout_s)
+        check_seconds("connect_timeout_s", connect_timeout_s, allow_none=False)
         check_seconds("health_interval_s", health_interval_s)
+        check_seconds("health_timeout_s", health_timeout_s, allow_none=False)
         self._endpoints = [_Endpoint(url) for url in urls]
         self._tokenizer_dir = Path(tokenizer_dir).expanduser().absolute()
         self._model = model
@@ -331,6 +370,7 @@ class OpenAIEngine(StartedEngine):
         self._extra_body = dict(extra_body or {})
         self._headers = headers
         self._transport = transport
+        self._trust_env = trust_env
         self._tokenizer: Tokenizer | None = None
         self._state = EngineState.NEW
         self._client: httpx.AsyncClient | None = None
@@ -356,6 +396,9 @@ class OpenAIEngine(StartedEngine):
             raise DependencyNotInstalledError(package="httpx", extra=_INSTALL_HINT) from exc
         self._client = httpx.AsyncClient(
             transport=self._transport,
+            # HTTP_PROXY and the like would send loopback requests to a proxy too (httpx bypasses one
+            # only for what NO_PROXY names): ignored unless asked for.
+            trust_env=self._trust_env,
             # Reads and writes are bounded by the deadline on the whole request (_whole_request), not one
             # by one: a timer per read would race it and only blur which one fired.
             timeout=httpx.Timeout(None, connect=self._connect_timeout_s),
@@ -363,7 +406,13 @@ class OpenAIEngine(StartedEngine):
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
         self._state = EngineState.RUNNING
-        await self._probe(self._endpoints)
+        try:
+            await self._probe(self._endpoints)
+        except BaseException:  # cancelled: what start opened is closed, since no __aexit__ will be
+            await self.aclose()
+            raise
+        if self._closed():  # closed while probing: no health check may outlive the close
+            raise self._closed_while_starting()
         if self._health_interval_s is not None:
             self._health_task = asyncio.create_task(
                 self._health_loop(self._health_interval_s), name="gym-resilience-openai-health"
@@ -424,8 +473,9 @@ class OpenAIEngine(StartedEngine):
         last_cause: BaseException | None = None
         failed_endpoint: _Endpoint | None = None
         while True:
-            client = self._running_client()
+            self._running_client()
             index = await self._next_endpoint(tried)
+            client = self._running_client()  # closed while it probed: that, not the endpoints, ends it
             if index is None:
                 raise self._dead_error(failed) from last_cause
             if failed_endpoint is not None:
@@ -436,12 +486,15 @@ class OpenAIEngine(StartedEngine):
             try:
                 return await self._attempt(client, endpoint, body, prompt_ids, sampling)
             except _EndpointFailure as failure:
+                if self._closed():  # the close ended the request: the endpoint is not to blame
+                    raise self._not_running() from None
                 endpoint.failures += 1
                 endpoint.mark_down(failure.description)
                 failed.append((endpoint.url, failure.description))
                 failed_endpoint = endpoint
-                # The last transport error, if any, is the cause; an HTTP status has none.
-                last_cause = failure.__cause__ or last_cause
+                # The last failure's transient error is the dead error's cause: RetryPolicy retries
+                # it, and the endpoints are back once their health check passes.
+                last_cause = failure.__cause__
 
     async def _attempt(
         self,
@@ -470,7 +523,8 @@ class OpenAIEngine(StartedEngine):
                 f"{endpoint.url} rejected the request ({response.status_code}): {_error_message(response)}"
             )
         if kind == "endpoint":
-            raise _EndpointFailure(f"HTTP {response.status_code}: {_error_message(response)}")
+            description = f"HTTP {response.status_code}: {_error_message(response)}"
+            raise _EndpointFailure(description) from ConnectionError(f"{endpoint.url} answered {description}")
         try:
             payload = response.json()
         except ValueError as exc:
@@ -562,10 +616,14 @@ async def _whole_request(timeout_s: float | None) -> AsyncIterator[None]:
 
 @contextlib.contextmanager
 def _map_http_errors() -> Iterator[None]:
-    """Translate httpx's transport errors into an endpoint failure, at this one boundary."""
+    """Translate httpx's request errors (transport, decoding) into an endpoint failure, at this one
+    boundary."""
     import httpx
 
     try:
         yield
-    except httpx.TransportError as exc:
-        raise _EndpointFailure(describe_exception(exc)) from exc
+    except httpx.RequestError as exc:  # its transport failed, or its body did not decode
+        # A ConnectionError in the chain, so that retries know it for the transient failure it is.
+        transient = ConnectionError(describe_exception(exc))
+        transient.__cause__ = exc
+        raise _EndpointFailure(describe_exception(exc)) from transient

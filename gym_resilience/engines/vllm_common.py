@@ -9,7 +9,6 @@ an engine starts, never when this module is imported.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import copy
 import functools
@@ -18,7 +17,6 @@ import importlib.metadata
 import importlib.util
 import itertools
 import logging
-import operator
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +30,8 @@ from gym_resilience.engines.common import (
     finish_reason,
     install_hint,
     load_tokenizer,
+    request_ids,
+    request_numbers,
 )
 from gym_resilience.engines.vllm_args import Device, VLLMArgs, set_vllm_environment
 from gym_resilience.errors import (
@@ -181,10 +181,7 @@ def _sampling_template(sampling: Sampling) -> tuple[Any, tuple[str, ...]]:
     # vLLM takes these on trust: a seed torch cannot hold fails in the engine's step (the in-process
     # engine dies of it), and a value of the wrong type fails decoding in the engine core's process (the
     # async engine then answers nothing more); so they are checked here, for this request alone.
-    max_tokens = _request_int("max_tokens", sampling.max_tokens, low=1, expected="an integer >= 1")
-    seed = sampling.seed
-    if seed is not None:
-        seed = _request_int("seed", seed, low=-(2**63), expected="None or an integer in [-2**63, 2**63)")
+    max_tokens, seed = request_numbers(sampling)
     template = SamplingParams(
         n=1,
         max_tokens=max_tokens,
@@ -269,18 +266,6 @@ def map_vllm_errors() -> contextlib.AbstractContextManager[None]:
     return _VLLM_ERRORS
 
 
-def _request_int(name: str, value: Any, *, low: int, expected: str) -> int:
-    """``value`` as an int in [``low``, 2**63) (what vLLM and torch hold), or an EngineRequestError that
-    names it and says what was ``expected``."""
-    try:
-        number = operator.index(value)  # an int, or NumPy's or torch's integer; not a float nor a bool
-    except TypeError:
-        number = None
-    if number is None or isinstance(value, bool) or not low <= number < 2**63:
-        raise EngineRequestError(f"{name} must be {expected}, got {value!r:.60}")
-    return number
-
-
 def tokens_prompt(prompt_ids: Sequence[int]) -> Any:
     """``prompt_ids`` as vLLM's ``TokensPrompt``, a list of plain ints of their own.
 
@@ -289,11 +274,7 @@ def tokens_prompt(prompt_ids: Sequence[int]) -> Any:
             float in-process, and the async engine's core would fail to decode the request and then
             answer nothing more.
     """
-    try:
-        ids = array.array("q", prompt_ids).tolist()  # NumPy's and torch's integers too, in C
-    except (TypeError, OverflowError) as exc:
-        raise EngineRequestError(f"the prompt's token ids must be integers: {exc}") from None
-    return _tokens_prompt_type()(prompt_token_ids=ids)
+    return _tokens_prompt_type()(prompt_token_ids=request_ids(prompt_ids))
 
 
 @functools.cache

@@ -41,7 +41,7 @@ from gym_resilience.engines.vllm_common import (
     tokens_prompt,
     vllm_platform,
 )
-from gym_resilience.errors import EngineClosedError, EngineDeadError, EngineError, UnsupportedConfigError
+from gym_resilience.errors import EngineDeadError, EngineError, UnsupportedConfigError
 
 __all__ = ["InProcessVLLMEngine"]
 
@@ -376,12 +376,6 @@ class InProcessVLLMEngine(LocalVLLMEngine):
             raise self._closed_while_starting()
         self._driver = driver
         self._state = EngineState.RUNNING
-
-    def _closed(self) -> bool:  # a method: the state changes while ``_start`` awaits
-        return self._state is EngineState.CLOSED
-
-    def _closed_while_starting(self) -> EngineClosedError:
-        return EngineClosedError(f"{type(self).__name__} was closed while it started")
 
     def _builder(self) -> tuple[Callable[[], Any], bool]:
         """Check the platform and arguments here: what builds the engine on its thread, and whether
