@@ -52,6 +52,7 @@ import multiprocessing.util  # before atexit.register below: see _close_workers_
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -62,7 +63,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, SupportsFloat
+from typing import Any, NoReturn, SupportsFloat
 
 import gymnasium
 import numpy as np
@@ -155,14 +156,32 @@ def _run(env: gymnasium.Env[Any, Any], command: str, payload: Any) -> Any:
 
 
 def _exit_when_orphaned(lifeline: Connection[Any, Any], grace_s: float) -> None:
-    """Exits the worker once its parent is gone, even while the env hangs (a daemon thread)."""
+    """Ends the worker once its parent is gone, even while the env hangs (a daemon thread)."""
     # The parent never writes to the lifeline: this returns only at end of file, when the parent closed it
     # or died.
     with contextlib.suppress(EOFError, OSError):
         lifeline.recv_bytes()
     # An idle worker reads the command pipe's end of file too and closes its env meanwhile.
     time.sleep(grace_s)
+    _end_orphaned_group()
+
+
+def _end_orphaned_group() -> None:
+    """End this worker and what its env started: nobody else will, with the parent gone (its ``_end``
+    kills the group otherwise)."""
+    if hasattr(os, "killpg"):
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)  # the worker leads its group (setsid): it goes too
     os._exit(_ORPHANED_EXIT_CODE)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit at once, output flushed: an interpreter's normal exit waits for the env's non-daemon threads
+    (a server thread, an executor's), which would hold every close until the parent's kill."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def build_env(env_fn: EnvFn) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
@@ -212,6 +231,8 @@ def _serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: E
         if env is not None:
             with contextlib.suppress(Exception):
                 env.close()
+        _end_orphaned_group()
+    _exit_now(0)  # closed, or its build failed and was reported
 
 
 def _serve_one(conn: Connection[Any, Any], env: gymnasium.Env[Any, Any]) -> bool:

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import importlib.util
 import math
+import os
 import pickle
 import threading
 import time
@@ -138,6 +139,15 @@ def _actor_options(actor_options: Mapping[str, Any] | None, name: str | None) ->
     return options
 
 
+_HANDLES_KEPT_IN_FORKS: list[Any] = []
+
+
+def _keep_in_fork(handle: Any) -> None:
+    """Hold a forked copy's actor handle for good: the copy shares the parent's Ray identity, so Ray
+    would take the last reference dropped here for the parent's and end the actor under it."""
+    _HANDLES_KEPT_IN_FORKS.append(handle)
+
+
 class _Actor:
     """The parent's handle on one env actor: the calls (one at a time) and the state.
 
@@ -156,6 +166,7 @@ class _Actor:
         self.lost: EnvError | None = None
         self._call_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        self._owner_pid = os.getpid()
         self.running = True
 
     def start(self, env_fn: EnvFn, timeout: float | None, abort: StartAbort | None) -> dict[str, Any]:
@@ -196,6 +207,9 @@ class _Actor:
             EnvWorkerDiedError: the actor died before it replied.
             Exception: what the env's ``close()`` raised.
         """
+        if os.getpid() != self._owner_pid:  # a forked copy: the actor is the parent's to close
+            _keep_in_fork(self.handle)
+            return
         timeout = self.close_timeout
         deadline = time.monotonic() + timeout
         if not self._call_lock.acquire(timeout=timeout):
@@ -222,7 +236,11 @@ class _Actor:
         self._end()
 
     def _end(self) -> bool:
-        """Marks the env closed and kills the actor; returns whether this call ended it."""
+        """Marks the env closed and kills the actor; returns whether this call ended it. A forked copy
+        kills nothing: the actor is the parent's (and Ray's client does not work after a fork)."""
+        if os.getpid() != self._owner_pid:
+            _keep_in_fork(self.handle)
+            return False
         with self._state_lock:
             if not self.running:
                 return False

@@ -9,9 +9,12 @@ composition to another (a bfloat16 model's by up to 0.05). So:
 - token ids, loss masks, rewards, stop reasons and prompts must be equal;
 - logprobs must agree within ``LOGPROB_TOLERANCE``;
 - a sampled token may differ where the baseline's choice and the faulted run's were a numerical tie:
-  both sampled tokens' logprobs within ``TIE_TOLERANCE`` of each other (each was the argmax of its
-  run, so they were within rounding of each other). From there on the two continuations legitimately
-  differ, so the rest of that trajectory is not compared; the tie is reported, never hidden.
+  same prompt, same tokens before it, both sampled tokens' logprobs within ``TIE_TOLERANCE`` of each
+  other (each was the argmax of its run, so they were within rounding of each other) and neither above
+  ``TIE_MAX_LOGPROB``: two tokens nearly tied for the top of one distribution each have a probability
+  of at most about 0.5, so a token the model was near-certain of was no tie, whatever the other run
+  chose. From there on the two continuations legitimately differ, so the rest of that trajectory is
+  not compared; the tie is reported, never hidden.
 
 A tie needs logprobs, which the harness records in both runs; without them any difference counts.
 """
@@ -24,10 +27,20 @@ from typing import Any, Final
 
 from gym_resilience import BatchOutput
 
-__all__ = ["LOGPROB_TOLERANCE", "TIE_TOLERANCE", "Comparison", "Difference", "compare_outputs"]
+__all__ = [
+    "LOGPROB_TOLERANCE",
+    "TIE_MAX_LOGPROB",
+    "TIE_TOLERANCE",
+    "Comparison",
+    "Difference",
+    "compare_outputs",
+]
 
 LOGPROB_TOLERANCE: Final = 1e-3
 TIE_TOLERANCE: Final = 1e-3
+TIE_MAX_LOGPROB: Final = math.log(0.5) + TIE_TOLERANCE
+"""The highest logprob a token chosen at a tie can have: two tokens tied for the argmax share at most
+the whole probability, about 0.5 each."""
 
 _COLUMNS: Final = ("prompt_token_ids", "response_ids", "loss_masks", "rewards", "stop_reasons")
 
@@ -120,6 +133,12 @@ def _logprob_index(a: list[float], b: list[float]) -> int | None:
     return None
 
 
+def _is_tie(baseline: float, faulted: float) -> bool:
+    """Whether two different sampled tokens' logprobs are a numerical tie: within rounding of each other,
+    and both low enough that another token could have been as likely."""
+    return abs(baseline - faulted) <= TIE_TOLERANCE and max(baseline, faulted) <= TIE_MAX_LOGPROB
+
+
 def compare_outputs(baseline: BatchOutput | None, faulted: BatchOutput | None) -> Comparison:
     """Compare every successful (non-placeholder) row of ``faulted`` with the baseline's row."""
     if baseline is None or faulted is None:
@@ -160,13 +179,13 @@ def _compare_row(
     base_lps = baseline.rollout_logprobs[base.index] if baseline.rollout_logprobs is not None else None
     lps = faulted.rollout_logprobs[row.index] if faulted.rollout_logprobs is not None else None
     if token is not None and token >= 0 and base_lps is not None and lps is not None:
-        same_prefix = all(
+        same_start = baseline.prompt_token_ids[base.index] == faulted.prompt_token_ids[row.index] and all(
             getattr(baseline, c)[base.index][:token] == getattr(faulted, c)[row.index][:token]
             for c in ("response_ids", "loss_masks")
         )
         both_sampled = token < min(len(base_lps), len(lps), len(mask)) and mask[token] == 1
-        tied = abs(base_lps[token] - lps[token]) <= TIE_TOLERANCE if both_sampled else False
-        if same_prefix and tied and _logprob_index(base_lps[:token], lps[:token]) is None:
+        tied = _is_tie(base_lps[token], lps[token]) if both_sampled else False
+        if same_start and tied and _logprob_index(base_lps[:token], lps[:token]) is None:
             return None, at("response_ids", token, responses[0][token], responses[1][token])
     for column in _COLUMNS:
         a, b = getattr(baseline, column)[base.index], getattr(faulted, column)[row.index]

@@ -316,15 +316,16 @@ def _is_message(message: Any) -> bool:
 
 def _fault_exceptions(
     faults: Sequence[tuple[int, Fault]], problems: list[Problem]
-) -> dict[int, type[BaseException]]:
-    """The class each ``raise`` fault raises, checked to be buildable from the fault's message alone."""
-    classes: dict[int, type[BaseException]] = {}
+) -> dict[int, type[Exception]]:
+    """The class each ``raise`` fault raises, checked to be an ``Exception`` buildable from the fault's
+    message alone."""
+    classes: dict[int, type[Exception]] = {}
     for index, fault in faults:
         if not isinstance(fault, EnvFault | EngineFault) or fault.kind != "raise":
             continue
         at: Loc = ("faults", index, "exception")
         try:
-            exception = resolve_exception(fault.exception)
+            exception = _raisable(fault.exception)
         except ValueError as exc:
             problems.append(Problem(at, str(exc)))
             continue
@@ -342,3 +343,22 @@ def _fault_exceptions(
             continue
         classes[index] = exception
     return classes
+
+
+def _raisable(name: str) -> type[Exception]:
+    """The ``Exception`` subclass a ``raise`` fault names.
+
+    A BaseException that is not an Exception (SystemExit, GeneratorExit, CancelledError) is never
+    contained as a rollout failure: it would end the whole run, with no reports.
+
+    Raises:
+        ValueError: the name resolves to nothing, or to a class that is not an ``Exception`` subclass.
+    """
+    exception = resolve_exception(name)
+    if not issubclass(exception, Exception):
+        raise ValueError(
+            f"{name!r} cannot be raised by a fault: raise faults take Exception subclasses, and a "
+            "BaseException that is not one (SystemExit, GeneratorExit, CancelledError) would end the "
+            "whole run; to interrupt the batch, use the env fault kind 'interrupt'"
+        )
+    return exception

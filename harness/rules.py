@@ -60,8 +60,7 @@ def rule_problems(known: Known) -> Iterator[Problem]:
             yield from _ray_fault_problems(known, at, fault)
         else:
             yield from _network_fault_problems(known, at, fault)
-        if not isinstance(fault, NetworkFault):
-            yield from _targeting_problems(known, at, fault)
+        yield from _targeting_problems(known, at, fault)
 
 
 def _cluster_problems(known: Known) -> Iterator[Problem]:
@@ -142,6 +141,9 @@ def _env_fault_problems(known: Known, at: Loc, fault: EnvFault) -> Iterator[Prob
             (*at, "method"),
             "bad_output cannot target close: close() returns nothing, so the fault would do nothing",
         )
+    if known.pipeline:
+        yield from _pipeline_env_fault_problems(at, fault)
+        return
     config = known.config
     if fault.kind != "hang" or config is None:
         return
@@ -159,6 +161,26 @@ def _env_fault_problems(known: Known, at: Loc, fault: EnvFault) -> Iterator[Prob
             (*at, "kind"),
             f"a hang in {fault.method} needs runner.isolate_envs: true and runner.{deadline} set: only a "
             "deadline that kills the env's process stops a hung call, and without one the run would hang",
+        )
+
+
+def _pipeline_env_fault_problems(at: Loc, fault: EnvFault) -> Iterator[Problem]:
+    """A user pipeline calls its envs in-process, in its own tasks, outside everything ``runner:`` sets up:
+    no deadline kills a hung call, and asyncio re-raises a KeyboardInterrupt from a task out of the event
+    loop, which ends the whole run, not the scenario."""
+    if fault.kind == "hang":
+        yield Problem(
+            (*at, "kind"),
+            "a hang cannot be stopped in a user pipeline: its envs run in-process, where no deadline "
+            "kills a hung call (runner settings such as isolate_envs and env_step_timeout_s apply to "
+            "BatchRunner only), so the run would hang; remove pipeline to test BatchRunner, or use delay",
+        )
+    elif fault.kind == "interrupt":
+        yield Problem(
+            (*at, "kind"),
+            "an interrupt cannot be contained in a user pipeline: a KeyboardInterrupt raised in a task "
+            "it starts (asyncio.gather, create_task) escapes the event loop and ends the whole run, not "
+            "this scenario; remove pipeline to test BatchRunner, or use raise",
         )
 
 
@@ -249,18 +271,22 @@ def _network_fault_problems(known: Known, at: Loc, fault: NetworkFault) -> Itera
         )
 
 
-def _targeting_problems(known: Known, at: Loc, fault: EnvFault | EngineFault | RayFault) -> Iterator[Problem]:
+def _targeting_problems(known: Known, at: Loc, fault: Fault) -> Iterator[Problem]:
     """A filter naming a rollout, turn or attempt the batch never has makes a fault that never fires, and
     a scenario whose fault never fires holds without testing anything (see ``harness.faults`` for where
-    each call is: a filter never matches a call whose coordinate is unknown)."""
+    each call is, and ``harness.proxy`` for a request's: a filter never matches a call whose coordinate
+    is unknown)."""
     when = fault.when
-    if known.pipeline and isinstance(fault, EngineFault):
+    if known.pipeline and _is_engine_call(fault):
+        # A request to the engine names no rollout outside BatchRunner, and then only a fault without
+        # rollout filters or probability hits it (``harness.faults.request_fires``).
+        instead = "nth_call or probability" if isinstance(fault, EngineFault) else "nth_connection"
         for name in ("rollouts", "attempts", "turns"):
             if getattr(when, name) is not None:
                 yield Problem(
                     (*at, "when", name),
                     f"{name} never match here: in a user pipeline an engine call has no rollout, attempt "
-                    "or turn; target it with nth_call or probability",
+                    f"or turn; target it with {instead}",
                 )
         return
     if isinstance(fault, EnvFault) and fault.method == "reset" and when.turns is not None:
@@ -274,6 +300,12 @@ def _targeting_problems(known: Known, at: Loc, fault: EnvFault | EngineFault | R
             if value >= limit:
                 singular = name.removesuffix("s")
                 yield Problem((*at, "when", name, position), f"{singular} {value} never happens: {why}")
+
+
+def _is_engine_call(fault: Fault) -> bool:
+    """Whether the fault hits engine calls: an engine fault, or a network fault on the engine link (whose
+    requests name their rollout only inside BatchRunner)."""
+    return isinstance(fault, EngineFault) or (isinstance(fault, NetworkFault) and fault.link == "engine")
 
 
 def _limits(known: Known) -> list[tuple[str, int, str]]:

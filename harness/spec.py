@@ -340,6 +340,9 @@ class Probe(_Model):
     def holds(self, observed: Any) -> bool:
         """Whether ``observed`` meets the tolerance."""
         if self.eq is not None:
+            # In Python True == 1: without this, ``eq: true`` would hold for a count of 1.
+            if isinstance(observed, bool) != isinstance(self.eq, bool):
+                return False
             return bool(observed == self.eq)
         if self.is_ is not None:
             return observed is self.is_

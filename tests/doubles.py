@@ -90,7 +90,7 @@ class EnvCounts:
         self.__dict__.update(state, _changed=threading.Condition())
 
 
-FaultKind = Literal["raise", "hang", "exit", "spawn", "print", "unpicklable"]
+FaultKind = Literal["raise", "hang", "exit", "spawn", "thread", "print", "unpicklable"]
 
 EXIT_CODE = 3
 """The exit code of a worker process that an ``"exit"`` fault ends."""
@@ -111,6 +111,7 @@ class Fault:
     - ``"hang"``: never return, as a stuck tool call or a deadlocked simulator would;
     - ``"exit"``: end the process at once with :data:`EXIT_CODE`, as a crash in native code would;
     - ``"spawn"``: start a child process (a tool the env runs, which outlives the call) and go on;
+    - ``"thread"``: start a thread that is no daemon and runs on (a server's, an executor's), and go on;
     - ``"print"``: print ``message`` to stdout and go on: a side effect another process can see;
     - ``"unpicklable"``: go on, with a lock in the call's info, so its result cannot leave a worker.
 
@@ -139,6 +140,8 @@ class Fault:
             os._exit(EXIT_CODE)
         elif self.kind == "spawn":
             subprocess.Popen(["sleep", str(HANG_S)])
+        elif self.kind == "thread":
+            threading.Thread(target=time.sleep, args=(HANG_S,), daemon=False).start()
         elif self.kind == "print":
             print(self.message, flush=True)
         elif self.kind == "unpicklable":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gym_resilience import BatchOutput, Trajectory, TrajectoryId, build_batch_output
-from harness.compare import LOGPROB_TOLERANCE, TIE_TOLERANCE, compare_outputs
+from harness.compare import LOGPROB_TOLERANCE, TIE_MAX_LOGPROB, TIE_TOLERANCE, compare_outputs
 
 
 def trajectory(index: int, response: list[int], mask: list[int], logprobs: list[float]) -> Trajectory:
@@ -26,7 +26,7 @@ def batch(*rows: Trajectory) -> BatchOutput:
 
 # Two turns: generated 10, 11; env wrote 90, 91; generated 12, 13.
 MASK = [1, 1, 0, 0, 1, 1]
-LOGPROBS = [-1.0, -2.0, 0.0, 0.0, -0.5, -0.25]
+LOGPROBS = [-1.0, -2.0, 0.0, 0.0, -0.75, -0.25]
 
 
 def base_row(index: int = 0) -> Trajectory:
@@ -75,7 +75,7 @@ def test_a_token_chosen_at_a_numerical_tie_is_reported_as_a_tie_not_a_deviation(
     flipped = base_row()
     flipped.response_ids[4:] = [55, 56, 57]  # the rest legitimately diverges after the tie
     flipped.loss_mask[4:] = [1, 1, 1]
-    flipped.rollout_logprobs[4:] = [-0.5 + TIE_TOLERANCE / 2, -4.0, -4.0]  # type: ignore[index]
+    flipped.rollout_logprobs[4:] = [-0.75 + TIE_TOLERANCE / 2, -4.0, -4.0]  # type: ignore[index]
     comparison = compare_outputs(batch(base_row()), batch(flipped))
     assert comparison.identical is True
     assert comparison.describe() == (
@@ -86,8 +86,39 @@ def test_a_token_chosen_at_a_numerical_tie_is_reported_as_a_tie_not_a_deviation(
 def test_a_different_token_whose_logprob_is_far_from_the_baselines_is_no_tie() -> None:
     flipped = base_row()
     flipped.response_ids[4] = 55
-    flipped.rollout_logprobs[4] = -0.5 + 10 * TIE_TOLERANCE  # type: ignore[index]
+    flipped.rollout_logprobs[4] = -0.75 + 10 * TIE_TOLERANCE  # type: ignore[index]
     assert compare_outputs(batch(base_row()), batch(flipped)).identical is False
+
+
+def test_a_different_token_after_a_different_prompt_is_no_tie_but_a_prompt_difference() -> None:
+    flipped = dataclasses.replace(base_row(), prompt_ids=[9, 9, 9, 9])
+    flipped.response_ids[4] = 55
+    flipped.rollout_logprobs[4] = LOGPROBS[4] + TIE_TOLERANCE / 2  # type: ignore[index]
+    comparison = compare_outputs(batch(base_row()), batch(flipped))
+    assert (comparison.identical, comparison.ties) == (False, [])
+    assert comparison.describe() == "first difference at rollout 0 (prompt_token_ids): baseline 1, faulted 9"
+
+
+def test_two_different_tokens_each_near_certain_in_its_run_are_no_tie() -> None:
+    certain = base_row()
+    certain.rollout_logprobs[4] = -1e-5  # type: ignore[index]
+    flipped = dataclasses.replace(certain, response_ids=list(certain.response_ids))
+    flipped.response_ids[4] = 55
+    comparison = compare_outputs(batch(certain), batch(flipped))
+    assert (comparison.identical, comparison.ties) == (False, [])
+    assert comparison.describe() == (
+        "first difference at rollout 0, turn 1, token 4 (response_ids): baseline 12, faulted 55"
+    )
+
+
+def test_a_tie_needs_both_sampled_logprobs_at_most_about_log_one_half() -> None:
+    for logprob, tie in ((TIE_MAX_LOGPROB, True), (TIE_MAX_LOGPROB + TIE_TOLERANCE / 2, False)):
+        at_bound = base_row()
+        at_bound.rollout_logprobs[4] = logprob  # type: ignore[index]
+        flipped = dataclasses.replace(at_bound, response_ids=list(at_bound.response_ids))
+        flipped.response_ids[4] = 55
+        comparison = compare_outputs(batch(at_bound), batch(flipped))
+        assert (comparison.identical, len(comparison.ties)) == (tie, int(tie))
 
 
 def test_without_logprobs_any_different_token_is_a_difference() -> None:

@@ -594,6 +594,52 @@ def test_a_hung_worker_does_not_outlive_its_parent_killed_with_sigkill() -> None
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("worker_state", ["busy", "idle"])
+def test_what_a_worker_started_does_not_outlive_its_parent_killed_while_it_is_busy_or_idle(
+    worker_state: str,
+) -> None:
+    """Nobody kills the worker's group once the parent is gone: the worker does, after its grace period,
+    so a tool the env started goes with it (a scheduler's SIGKILL of a training job, say)."""
+    child = run_script(
+        f"""
+        import time
+        from doubles import Fault, env_fn
+        from gym_resilience.env import ResilientEnv
+
+        env = ResilientEnv.isolated(
+            env_fn(Fault(kind="spawn", turn=0), Fault(kind="hang", turn=1)), close_timeout=0.5
+        )
+        env.reset()
+        env.step("start the tool")
+        print(env.env.pid, flush=True)
+        if {worker_state!r} == "busy":
+            env.step("hang")
+        time.sleep(3600)
+        """
+    )
+    try:
+        assert child.stdout is not None
+        worker = psutil.Process(int(child.stdout.readline()))
+        [tool] = worker.children()
+    finally:
+        child.kill()
+        child.communicate(timeout=60)
+    assert wait_until_ended([worker, tool], timeout_s=15) == []
+
+
+def test_an_env_that_leaves_a_thread_running_closes_at_once() -> None:
+    """The worker exits as soon as it has answered the close, without waiting for the env's threads
+    (an interpreter's normal exit would, until the parent's kill at close_timeout)."""
+    env = ResilientEnv.isolated(env_fn(Fault(kind="thread", turn=0)), close_timeout=5)
+    env.reset()
+    env.step("start a thread")
+    start = time.monotonic()
+    env.close()
+    assert time.monotonic() - start < MARGIN_S and env.close_error is None
+    assert env.unwrapped._worker.exitcode == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
 def test_workers_of_a_program_find_what_its_main_script_imports_already_imported(tmp_path: Path) -> None:
     # A training script imports torch or ray at its top; every worker used to import them again.
     (tmp_path / "heavy_dependency.py").write_text(

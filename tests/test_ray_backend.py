@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import ipaddress
 import os
 import pickle
@@ -455,3 +456,25 @@ def test_from_mapping_checks_the_env_backend_and_its_actor_options(
 def test_from_mapping_reads_the_ray_backend_and_its_actor_options() -> None:
     config = RunnerConfig.from_mapping({"env_backend": "ray", "env_actor_options": {"num_cpus": 0.5}})
     assert (config.env_backend, config.env_actor_options) == ("ray", {"num_cpus": 0.5})
+
+
+def test_a_forked_child_that_drops_a_ray_env_leaves_the_parents_actor_serving(
+    ray_cluster: LocalCluster,
+) -> None:
+    """The child's close is a no-op and its handle is kept: Ray would take the child's release for the
+    parent's and end the actor (and a Ray call from a forked child never returns)."""
+    env = ResilientEnv(RayEnv(ScriptableEnv))
+    env.reset()
+    pid = os.fork()
+    if pid == 0:  # the child: whatever happens, it ends here
+        try:
+            del env
+            gc.collect()  # ResilientEnv's finalizer closes the RayEnv
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    env.step("still served")
+    actor_id = env.unwrapped.actor_id  # type: ignore[attr-defined]
+    env.close()
+    assert_dead(ray_cluster, actor_id)

@@ -110,6 +110,20 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
     ),
     "nan_tolerance.yaml": ":4 at probes[1].range[1]: expected a finite number, got .nan",
     "nested_too_deeply.yaml": ":2: the YAML nests deeper than 32 levels (aliases expanded)",
+    "network_targeting_never_happens.yaml": [
+        (
+            ":12 at faults[0].when.rollouts[1]: rollout 4 never happens: the batch has 4 rollouts "
+            "(4 tasks x runner.n_samples_per_prompt 1), numbered from 0"
+        ),
+        (
+            ":12 at faults[0].when.attempts[0]: attempt 1 never happens: a rollout gets 1 attempt "
+            "(runner.retry.attempts, 1 without retry), numbered from 0"
+        ),
+        (
+            ":12 at faults[0].when.turns[0]: turn 2 never happens: runner.max_turns is 2 (turns are numbered "
+            "from 0)"
+        ),
+    ],
     "no_tolerance.yaml": (
         ":4 at probes[0]: probe 'envs_unclosed' needs exactly one tolerance of eq, lte, gte, range, is; got 0"
     ),
@@ -117,6 +131,19 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
         ":2 at pipeline: importing module 'exits_on_import' raised SystemExit: exits_on_import refuses "
         "to be imported"
     ),
+    "pipeline_hang_and_interrupt.yaml": [
+        (
+            ":9 at faults[0].kind: a hang cannot be stopped in a user pipeline: its envs run in-process, "
+            "where no deadline kills a hung call (runner settings such as isolate_envs and "
+            "env_step_timeout_s apply to BatchRunner only), so the run would hang; remove pipeline to test "
+            "BatchRunner, or use delay"
+        ),
+        (
+            ":11 at faults[1].kind: an interrupt cannot be contained in a user pipeline: a KeyboardInterrupt "
+            "raised in a task it starts (asyncio.gather, create_task) escapes the event loop and ends the "
+            "whole run, not this scenario; remove pipeline to test BatchRunner, or use raise"
+        ),
+    ],
     "pipeline_interrupts_on_import.yaml": (
         ":2 at pipeline: importing module 'interrupts_on_import' raised KeyboardInterrupt"
     ),
@@ -131,6 +158,20 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
         ":4 at faults[0].exception: unknown exception 'ConnectionEror': expected a built-in exception, a "
         "gym_resilience error, or module:Name; did you mean 'ConnectionError'?",
         ":8 at probes[0].gte: expected a number, got 'many'",
+    ],
+    "raise_base_exception.yaml": [
+        (
+            ":6 at faults[0].exception: 'asyncio:CancelledError' cannot be raised by a fault: raise faults "
+            "take Exception subclasses, and a BaseException that is not one (SystemExit, GeneratorExit, "
+            "CancelledError) would end the whole run; to interrupt the batch, use the env fault kind "
+            "'interrupt'"
+        ),
+        (
+            ":9 at faults[1].exception: 'SystemExit' cannot be raised by a fault: raise faults take "
+            "Exception subclasses, and a BaseException that is not one (SystemExit, GeneratorExit, "
+            "CancelledError) would end the whole run; to interrupt the batch, use the env fault kind "
+            "'interrupt'"
+        ),
     ],
     "range_low_above_high.yaml": (
         ":4 at probes[0]: range must be [low, high] with low <= high, got [3.0, 1.0]"
@@ -735,6 +776,28 @@ def test_runner_config_from_mapping_builds_the_config_and_resolves_names_with_th
     assert isinstance(config.generation_timeout_s, float)
 
 
+@pytest.mark.parametrize(
+    ("tolerance", "observed", "held"),
+    [
+        ("eq: true", 1, False),
+        ("eq: false", 0, False),
+        ("eq: 1", True, False),
+        ("eq: 1.0", True, False),
+        ("eq: 0", False, False),
+        ("eq: true", True, True),
+        ("eq: false", False, True),
+        ("eq: 1", 1, True),
+        ("eq: 1", 1.0, True),
+        ("eq: '1'", "1", True),
+    ],
+)
+def test_eq_never_takes_a_boolean_for_a_number_or_a_number_for_a_boolean(
+    tolerance: str, observed: object, held: bool
+) -> None:
+    probe = parse_scenario(f"title: t\nprobes:\n  - {{probe: failed, {tolerance}}}\n").spec.probes[0]
+    assert probe.holds(observed) is held
+
+
 def test_a_user_pipeline_next_to_the_scenario_file_imports(tmp_path: Path) -> None:
     (tmp_path / "my_pipeline_for_loader_test.py").write_text(
         "async def generate(tasks, env_factory, engine):\n    return []\n\n"
@@ -775,6 +838,28 @@ def test_a_pipeline_engine_fault_can_only_be_targeted_by_call_number_or_probabil
         "rollout, attempt or turn; target it with nth_call or probability"
     )
     load_scenario(write(tmp_path, "q.yaml", text.rsplit("  - {target: engine", 1)[0]))
+
+
+def test_a_pipeline_network_fault_is_held_to_the_pipelines_rollouts_and_engine_link_filters(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "network_pipeline_for_loader_test.py").write_text(
+        "async def generate(tasks, env_factory, engine):\n    return []\n"
+    )
+    text = (
+        "title: t\npipeline: network_pipeline_for_loader_test:generate\nengine: {kind: served}\n"
+        "batch: {env: tool_use, tasks: 2}\nfaults:\n"
+        "  - {target: network, kind: timeout, link: tool, when: {rollouts: [2]}}\n"
+        "  - {target: network, kind: timeout, link: engine, when: {turns: [0]}}\n"
+        "  - {target: network, kind: timeout, link: engine, when: {nth_connection: [0]}}\n"
+    )
+    checked = check_scenario(write(tmp_path, "p.yaml", text))
+    assert [str(problem).split(" at ", 1)[1] for problem in checked.problems] == [
+        "faults[0].when.rollouts[0]: rollout 2 never happens: in a user pipeline an env's rollout is its "
+        "task's index, and the batch has 2 tasks (numbered from 0)",
+        "faults[1].when.turns: turns never match here: in a user pipeline an engine call has no rollout, "
+        "attempt or turn; target it with nth_connection",
+    ]
 
 
 def test_yaml_anchors_and_merge_keys_load_as_safe_load_reads_them(tmp_path: Path) -> None:
