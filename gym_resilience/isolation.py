@@ -713,8 +713,10 @@ class IsolatedEnv(RemoteEnv):
         env_fn: Picklable zero-argument callable that builds the env.
         step_timeout: Deadline of ``step``, ``render`` and attribute reads, in seconds; None: no limit.
         reset_timeout: Deadline of ``reset``; None: no limit.
-        start_timeout: Deadline for the worker to start and ``env_fn`` to return; None: no limit. For
-            the first isolated env of a program it includes the fork server's start (about a second).
+        start_timeout: Deadline for the worker to start and ``env_fn`` to return; None: no limit. It
+            does not bound the first isolated env's wait for the fork server, which imports the
+            program's main module once before its first fork (seconds for a script that imports torch
+            or vLLM; a main module whose import hangs hangs that start).
         close_timeout: How long ``close`` waits for the env to close before killing the worker.
         abort: Lets another thread end the start early (see :class:`StartAbort`).
 
