@@ -6,6 +6,7 @@ import builtins
 import dataclasses
 import difflib
 import math
+import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -412,9 +413,9 @@ def _typed(value: Any, annotation: Any, path: tuple[str | int, ...]) -> Any:
             return None
         if member is bool and isinstance(value, bool):
             return value
-        if member is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if member is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if member is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)  # NumPy's integers too
+        if member is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
             if not math.isfinite(value):  # an infinite deadline is no deadline: null says that
                 raise _at(path, f"expected a finite number, got {_show(value)}")
             return float(value)

@@ -382,9 +382,14 @@ def test_a_field_of_the_wrong_type_is_rejected_at_construction_naming_it(
     assert (info.value.option, info.value.reason) == (option, reason)
 
 
-def test_an_integer_given_for_a_number_becomes_a_float() -> None:
+def test_an_integer_given_for_a_number_becomes_a_float_and_numpys_numbers_become_pythons() -> None:
+    import numpy
+
     config = RunnerConfig(temperature=1, top_p=1)
     assert type(config.temperature) is float and type(config.top_p) is float
+    config = RunnerConfig(seed=numpy.int64(5), max_turns=numpy.int32(3), temperature=numpy.float32(0.5))
+    assert (config.seed, config.max_turns, config.temperature) == (5, 3, 0.5)
+    assert (type(config.seed), type(config.max_turns), type(config.temperature)) == (int, int, float)
 
 
 def test_env_deadlines_without_isolation_are_rejected() -> None:
