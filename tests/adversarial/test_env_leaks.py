@@ -174,7 +174,9 @@ def test_an_env_create_deadline_needs_isolation_at_construction() -> None:
 
 
 def test_an_infinite_close_timeout_is_rejected_at_construction() -> None:
-    with pytest.raises(UnsupportedConfigError, match=r"^close_timeout_s: expected a finite number, got .inf$"):
+    with pytest.raises(
+        UnsupportedConfigError, match=r"^close_timeout_s: expected a finite number, got \.inf$"
+    ):
         RunnerConfig(close_timeout_s=math.inf)
 
 
