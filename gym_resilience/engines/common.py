@@ -140,7 +140,7 @@ def request_ids(prompt_ids: Sequence[int]) -> list[int]:
 
 
 def request_numbers(sampling: Sampling) -> tuple[int, int | None]:
-    """``sampling``'s ``max_tokens`` and ``seed`` as plain ints (the seed None when there is none).
+    """``sampling.max_tokens`` and ``sampling.seed`` as plain ints (a ``seed`` of None stays None).
 
     Raises:
         EngineRequestError: one is not an integer, or out of what vLLM and torch hold: a seed torch
