@@ -2,9 +2,13 @@
 
 (a) Scripted engine, 1,000 and 10,000 rollouts: batch time with ``skip_failed_rollouts`` on vs off
     (no failures, so the difference is the containment machinery), beside two runners with the flag
-    off (the same code on both sides: how far apart this machine puts identical runs), and per-rollout
-    time at 10,000 vs 1,000 (flat cost means the ratio stays near 1). Each round runs the six (three
-    at each size) 10 times each, rotating their order; the per-rollout ratio is paired as the others.
+    off (the same code on both sides: how far apart this machine puts identical runs). Each round runs
+    the six (three at each size) 10 times each, rotating their order. Then the cost per rollout at
+    each size, on equal work: ten 1,000-rollout batches back to back against one 10,000-rollout batch
+    (flag on), 4 pairs a round, paired (flat cost means the ratio stays near 1). Each run starts after
+    a full collection and pays for every collection its own rollouts cause, as batches do in training;
+    the ratio of single batches is printed beside it, where a 1,000-rollout batch leaves most of its
+    share of the full collections to the collection before the next run.
 (b) Real vLLM (the bundled tiny model), on ``InProcessVLLMEngine`` (what ``make_vllm_engine`` picks on
     CPU) and on ``VLLMEngine``: tokens/s through ``BatchRunner`` (64 single-turn tasks, 64 tokens,
     greedy) vs the same requests (prompt ids, and each rollout's sampling: ``RunnerConfig.sampling``,
@@ -83,6 +87,7 @@ def make_tasks(n: int, *, fail_every: int | None = None) -> list[Task]:
 
 
 SCRIPTED_RUNS = 10  # runs of each side per round and batch size in (a)
+GROWTH_PAIRS = 4  # pairs a round of ten 1,000-rollout batches against one of 10,000 in (a)
 
 Run = Callable[[], Awaitable[Any]]
 M = TypeVar("M")
@@ -122,6 +127,11 @@ def fastest(top: list[float], bottom: list[float]) -> float:
     return min(top) / min(bottom)
 
 
+async def in_turn(runner: BatchRunner, batches: list[list[Task]]) -> None:
+    for batch in batches:
+        await runner.generate(batch)
+
+
 async def scripted_overhead(rounds: int) -> None:
     engine = ScriptedEngine()
     sizes = (1_000, 10_000)
@@ -129,35 +139,50 @@ async def scripted_overhead(rounds: int) -> None:
     ratios: dict[int, list[float]] = {n: [] for n in sizes}
     best: dict[int, list[float]] = {n: [] for n in sizes}
     control: dict[int, list[float]] = {n: [] for n in sizes}
+    single_growth: list[float] = []
     per_rollout: dict[int, list[float]] = {n: [] for n in sizes}
     growth: list[float] = []
     for _ in range(rounds):
         # Per size, a second runner with the flag off: two identical sides show how far apart this
-        # machine puts the same code (with no failures, on and off run the same code too). Both sizes
-        # run in the same rotation, so that the cost per rollout at each is taken side by side too.
+        # machine puts the same code (with no failures, on and off run the same code too).
         runs: list[Run] = []
         for n in sizes:
             for flag in (False, True, False):
                 config = RunnerConfig(skip_failed_rollouts=flag, max_turns=2)
                 runs.append(functools.partial(BatchRunner(engine, TinyTextEnv, config).generate, batches[n]))
         times = iter(await interleaved(runs, SCRIPTED_RUNS, timed))
-        on_per_rollout: dict[int, list[float]] = {}
+        single: dict[int, list[float]] = {}
         for n in sizes:
             off_s, on_s, again_s = next(times), next(times), next(times)
             ratios[n].append(paired(on_s, off_s))
             best[n].append(fastest(on_s, off_s))
             control[n].append(paired(again_s, off_s))
-            on_per_rollout[n] = [seconds / n for seconds in on_s]
-            per_rollout[n].append(statistics.median(on_per_rollout[n]))
-        growth.append(paired(on_per_rollout[10_000], on_per_rollout[1_000]))
+            single[n] = [seconds / n for seconds in on_s]
+        single_growth.append(paired(single[10_000], single[1_000]))
+        # The same 10,000 rollouts as ten batches and as one.
+        runner = BatchRunner(engine, TinyTextEnv, RunnerConfig(skip_failed_rollouts=True, max_turns=2))
+        tasks = batches[10_000]
+        tens = [tasks[i : i + 1_000] for i in range(0, len(tasks), 1_000)]
+        ten_s, one_s = await interleaved(
+            [functools.partial(in_turn, runner, tens), functools.partial(in_turn, runner, [tasks])],
+            GROWTH_PAIRS,
+            timed,
+        )
+        per_rollout[1_000].append(statistics.median(ten_s) / len(tasks))
+        per_rollout[10_000].append(statistics.median(one_s) / len(tasks))
+        growth.append(paired(one_s, ten_s))
     print(f"(a) scripted engine, 2 turns per rollout, {rounds} rounds: median [range]; load {load()}")
     for n in sizes:
         print(
             f"    {n:>6} rollouts: flag on/off per round {spread(ratios[n])}, fastest runs "
-            f"{spread(best[n])}; off/off (the noise) {spread(control[n])}; "
-            f"per rollout (flag on) {statistics.median(per_rollout[n]) * 1e6:.0f} us"
+            f"{spread(best[n])}; off/off (the noise) {spread(control[n])}"
         )
-    print(f"    per rollout 10k/1k per round {spread(growth)}")
+    print(
+        f"    per rollout (flag on), ten batches of 1,000 vs one of 10,000: "
+        f"{statistics.median(per_rollout[1_000]) * 1e6:.0f} vs "
+        f"{statistics.median(per_rollout[10_000]) * 1e6:.0f} us; 10k/1k per round {spread(growth)}"
+    )
+    print(f"    ... single batches, each after a full collection: 10k/1k per round {spread(single_growth)}")
 
 
 class EngineTimeline:
