@@ -22,7 +22,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal, SupportsFloat
+from typing import Any, Literal, NoReturn, SupportsFloat, SupportsIndex
 
 import gymnasium
 import tenacity
@@ -151,8 +151,11 @@ class ResilientEnv(
             :meth:`isolated`.
 
     Raises:
-        UnsupportedConfigError: a deadline without isolation.
+        UnsupportedConfigError: a deadline without isolation, or an option of the wrong type. A refused
+            ``env`` is closed all the same: it was handed over.
         TypeError: ``env`` is not a ``gymnasium.Env``.
+
+    A ResilientEnv cannot be copied or pickled (``TypeError``): it owns its env's one close.
 
     Attributes:
         close_error: The :class:`EnvCloseError` (cause: what the inner ``close()`` raised) when closing
@@ -192,23 +195,31 @@ class ResilientEnv(
         gymnasium.utils.RecordConstructorArgs.__init__(
             self, _disable_deepcopy=True, close_on_error=close_on_error, reset_retry=reset_retry
         )
-        if isolate:
-            warnings.warn(
-                "ResilientEnv(factory, isolate=True, ...) is deprecated: use "
-                "ResilientEnv.isolated(factory, ...)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            env = _isolated_env(env, step_timeout, reset_timeout, start_timeout, close_timeout)
-        else:
-            _check_no_deadline(step_timeout, reset_timeout, start_timeout, close_timeout)
-            if not isinstance(env, gymnasium.Env):
-                raise TypeError(
-                    "expected a gymnasium.Env (or, with ResilientEnv.isolated, a factory of one), "
-                    f"got {env!r}"
+        try:
+            _check_options(close_on_error, reset_retry)
+            if isolate:
+                warnings.warn(
+                    "ResilientEnv(factory, isolate=True, ...) is deprecated: use "
+                    "ResilientEnv.isolated(factory, ...)",
+                    DeprecationWarning,
+                    stacklevel=2,
                 )
-        # One the caller built counts as isolated too: a worker it lost is closed, never retried.
-        self._isolated: WorkerEnv | None = env if isinstance(env, WorkerEnv) else None
+                env = _isolated_env(env, step_timeout, reset_timeout, start_timeout, close_timeout)
+            else:
+                _check_no_deadline(step_timeout, reset_timeout, start_timeout, close_timeout)
+                if not isinstance(env, gymnasium.Env):
+                    raise TypeError(
+                        "expected a gymnasium.Env (or, with ResilientEnv.isolated, a factory of one), "
+                        f"got {env!r}"
+                    )
+        except BaseException as rejected:
+            # The env was handed over: a wrapper that is never made still closes it.
+            _close_rejected(env, rejected)
+            raise
+        # One the caller built counts as isolated too, under any wrappers: a worker it lost is closed,
+        # never retried.
+        inner = env.unwrapped
+        self._isolated: WorkerEnv | None = inner if isinstance(inner, WorkerEnv) else None
         gymnasium.Wrapper.__init__(self, env)
         self.close_on_error = close_on_error
         self.reset_retry = reset_retry
@@ -245,8 +256,9 @@ class ResilientEnv(
 
         Raises:
             UnsupportedConfigError: a timeout that is not a number > 0, an env instance or an
-                unpicklable factory.
+                unpicklable factory, or an option of the wrong type.
         """
+        _check_options(close_on_error, reset_retry)  # before a worker starts
         isolated = _isolated_env(env_fn, step_timeout, reset_timeout, start_timeout, close_timeout)
         return cls(isolated, close_on_error=close_on_error, reset_retry=reset_retry)
 
@@ -266,6 +278,7 @@ class ResilientEnv(
         """
         if self._closer.state is _CLOSED:
             raise EnvClosedError(operation="reset", env_id=self._env_id)
+        self._turn = 0
         attempts = 0
 
         def reset_once() -> tuple[ObsType, dict[str, Any]]:
@@ -286,7 +299,6 @@ class ResilientEnv(
         except BaseException as exc:
             self._close_while_propagating(exc)
             raise
-        self._turn = 0
         return result
 
     def step(self, action: ActType) -> tuple[ObsType, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -298,22 +310,25 @@ class ResilientEnv(
         """
         if self._closer.state is _CLOSED:
             raise EnvClosedError(operation="step", env_id=self._env_id)
+        # Every step counts, failed ones too: with close_on_error=False the next one is a turn later.
+        turn = self._turn
+        self._turn = turn + 1
         try:
-            result = self.env.step(action)
+            return self.env.step(action)
         except Exception as exc:
             if self._isolated is not None and self._isolated.lost is not None:
                 self._close_while_propagating(exc)
                 raise
-            error = EnvStepError(turn=self._turn, action_repr=_short_repr(action), env_id=self._env_id)
+            error = EnvStepError(turn=turn, action_repr=_short_repr(action), env_id=self._env_id)
             raise self._failed(error) from exc
         except BaseException as exc:
             self._close_while_propagating(exc)
             raise
-        self._turn += 1
-        return result
 
     def render(self) -> RenderFrame | list[RenderFrame] | None:
-        """Renders the inner env.
+        """Renders the inner env. What its ``render`` raises passes through unchanged (a frame is not
+        part of a rollout), and leaves the env open unless the worker of an isolated env was lost; an
+        interruption (``KeyboardInterrupt``, a cancellation) closes it, as in ``step``.
 
         Raises:
             EnvClosedError: the env was closed.
@@ -326,6 +341,17 @@ class ResilientEnv(
             if self._isolated is not None and self._isolated.lost is not None:
                 self._close_while_propagating(exc)
             raise
+        except BaseException as exc:
+            self._close_while_propagating(exc)
+            raise
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """Refuses ``copy``, ``deepcopy`` and ``pickle``: a copy would share the one close of the env, or
+        own a second env that nothing closes."""
+        raise TypeError(
+            "a ResilientEnv cannot be copied or pickled: it closes its env exactly once. Wrap a new env "
+            "instead (gymnasium.make(env.spec) builds one), or pass a factory (ResilientEnv.isolated)"
+        )
 
     def close(self) -> None:
         """Closes the inner env, once; later calls do nothing.
@@ -384,6 +410,27 @@ class ResilientEnv(
         error.__cause__ = cause
         self.close_error = error
         return error
+
+
+def _check_options(close_on_error: object, reset_retry: object) -> None:
+    if not isinstance(close_on_error, bool):
+        raise UnsupportedConfigError(
+            f"close_on_error must be True or False, got {close_on_error!r}", option="close_on_error"
+        )
+    if reset_retry is not None and not isinstance(reset_retry, RetryPolicy):
+        raise UnsupportedConfigError(
+            f"reset_retry must be a RetryPolicy or None, got {reset_retry!r}", option="reset_retry"
+        )
+
+
+def _close_rejected(env: object, rejected: BaseException) -> None:
+    """Closes an env handed to a wrapper that refused it; a close failure is noted on ``rejected``."""
+    if not isinstance(env, gymnasium.Env):
+        return
+    try:
+        env.close()
+    except Exception as exc:
+        rejected.add_note(f"closing the env also failed: {describe_exception(exc)}")
 
 
 def _check_no_deadline(

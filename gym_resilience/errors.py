@@ -40,6 +40,7 @@ failure must never be lost because its exception cannot be printed.
 
 from __future__ import annotations
 
+import pickle
 import signal
 from collections.abc import Sequence
 from typing import Any, Final, Literal
@@ -169,15 +170,45 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 def _rebuild(
-    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any], cause_text: str = ""
+    cls: type[BaseException],
+    args: tuple[Any, ...],
+    state: dict[str, Any],
+    cause_text: str = "",
+    cause: BaseException | None = None,
 ) -> BaseException:
     error = cls.__new__(cls, *args)
     error.args = args
     error.__dict__.update(state)
     if cause_text:
-        # Pickling drops __cause__; its rendering is kept so the message stays the same.
+        # The rendering of the cause is kept, so the message stays the same even if the cause did not
+        # travel.
         error.__dict__["_pickled_cause_text"] = cause_text
+    error.__cause__ = cause
     return error
+
+
+def _portable_cause(error: BaseException) -> BaseException | None:
+    """``error.__cause__`` when it survives a pickle round trip (so what retries read, such as a
+    ``ConnectionError`` under an ``EnvStepError``, crosses a process boundary), else None."""
+    cause = error.__cause__
+    if cause is None or _cause_cycles(error):
+        return None
+    try:
+        pickle.loads(pickle.dumps(cause))
+    except Exception:
+        return None
+    return cause
+
+
+def _cause_cycles(error: BaseException) -> bool:
+    seen = {id(error)}
+    cause = error.__cause__
+    while cause is not None:
+        if id(cause) in seen:
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
 
 
 class GymResilienceError(Exception):
@@ -186,7 +217,8 @@ class GymResilienceError(Exception):
     Subclasses build their message from keyword-only context in ``__init__``; ``str()`` adds the root
     cause (``": ConnectionError: sandbox connection dropped"``) when there is one. It is computed when
     rendered because ``raise ... from exc`` sets ``__cause__`` after ``__init__``. Pickling restores
-    the message and the context without calling ``__init__`` again.
+    the message and the context without calling ``__init__`` again, and ``__cause__`` when it pickles
+    too (an unpicklable cause is dropped; the message still names it).
     """
 
     def __str__(self) -> str:
@@ -198,8 +230,10 @@ class GymResilienceError(Exception):
 
     def _cause_text(self) -> str:
         root = root_cause(self)
-        if root is self:
-            return str(self.__dict__.get("_pickled_cause_text", ""))
+        # The root's rendering from before a pickle round trip its own cause did not survive.
+        pickled = root.__dict__.get("_pickled_cause_text", "") if isinstance(root, GymResilienceError) else ""
+        if root is self or pickled:
+            return str(pickled)
         if isinstance(root, GymResilienceError):
             # Its own message only: through a __cause__ cycle its str() would come back here.
             text = Exception.__str__(root)
@@ -207,7 +241,8 @@ class GymResilienceError(Exception):
         return describe_exception(root)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.args, dict(self.__dict__), self._cause_text()))
+        state = dict(self.__dict__)
+        return (_rebuild, (type(self), self.args, state, self._cause_text(), _portable_cause(self)))
 
 
 class EnvError(GymResilienceError):

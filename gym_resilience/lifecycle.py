@@ -21,7 +21,13 @@ class Service(abc.ABC):
         """Stop it; stopping one that is not running does nothing."""
 
     def __enter__(self) -> Self:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            # A start that failed or was interrupted half-way (Ctrl-C while it waits for a child) may
+            # have started something: ``__exit__`` never runs for it.
+            self.stop()
+            raise
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -285,3 +285,10 @@ def tasks(n: int, prefix: str = "t") -> list[Task]:
         )
         for i in range(n)
     ]
+
+
+def resilient_env_of(env_factory: Callable[[], gymnasium.Env[Any, Any]], task: Task | None = None) -> Any:
+    """A factory's env in a ``ResilientEnv`` of its own, as a factory returns it for reset retries."""
+    from gym_resilience import ResilientEnv
+
+    return ResilientEnv(env_factory())

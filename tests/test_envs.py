@@ -33,6 +33,7 @@ from gym_resilience.envs import (
     WordGameEnv,
     extract_expression,
 )
+from gym_resilience.envs import tool_server as tool_server_module
 from gym_resilience.envs.tool_server import evaluate
 from gym_resilience.tasks import Task
 
@@ -419,3 +420,17 @@ def test_tool_server_process_exits_cleanly_on_sigterm() -> None:
         assert json.loads(response.read())[0]["name"] == "calculator"
     assert server.process.returncode == 0
     assert server.process.stdout is not None and server.process.stdout.closed
+
+
+@pytest.mark.slow
+def test_a_with_block_whose_start_is_interrupted_stops_the_child_it_already_spawned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def interrupted_wait(*_args: Any) -> Any:
+        raise KeyboardInterrupt  # Ctrl-C while start() waits for the child's URL
+
+    monkeypatch.setattr(tool_server_module.select, "select", interrupted_wait)
+    server = ToolServerProcess()
+    with pytest.raises(KeyboardInterrupt), server:
+        pytest.fail("the block never runs")  # pragma: no cover
+    assert server.process.poll() is not None  # stopped and reaped, not left serving

@@ -237,3 +237,39 @@ def test_server_errors_timeouts_and_overload_statuses_are_transient(status: int)
 @pytest.mark.parametrize("status", [200, 400, 404, 413, 422])
 def test_success_and_statuses_that_blame_the_request_are_not_transient(status: int) -> None:
     assert not errors.is_transient_status(status)
+
+
+def test_a_cause_that_pickles_travels_with_the_error_so_retries_still_see_a_transient_failure() -> None:
+    try:
+        raise EXAMPLES["EnvStepError"]() from ConnectionError("sandbox connection dropped")
+    except errors.GymResilienceError as caught:
+        original = caught
+    restored = pickle.loads(pickle.dumps(original))
+    assert type(restored.__cause__) is ConnectionError
+    assert str(restored.__cause__) == "sandbox connection dropped"
+    assert errors.is_transient(restored)
+    assert errors.root_cause(restored) is restored.__cause__
+
+
+def test_an_error_whose_cause_does_not_pickle_still_pickles_and_names_the_cause() -> None:
+    class Unpicklable(Exception):
+        def __reduce__(self) -> Any:
+            raise TypeError("cannot pickle this")
+
+    outer = EXAMPLES["EnvStepError"]()
+    inner = EXAMPLES["EngineError"]()
+    inner.__cause__ = Unpicklable("socket state")
+    outer.__cause__ = inner
+    restored = pickle.loads(pickle.dumps(outer))
+    assert type(restored.__cause__) is type(inner)  # the part of the chain that pickles travels
+    assert restored.__cause__.__cause__ is None
+    assert str(restored) == str(outer)  # and the message still ends with the real root cause
+    assert str(outer).endswith("Unpicklable: socket state")
+
+
+def test_an_error_in_a_cause_cycle_pickles_without_its_cause() -> None:
+    first, second = EXAMPLES["EnvStepError"](), EXAMPLES["EngineError"]()
+    first.__cause__, second.__cause__ = second, first
+    restored = pickle.loads(pickle.dumps(first))
+    assert restored.__cause__ is None
+    assert str(restored) == str(first)

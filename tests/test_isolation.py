@@ -24,9 +24,11 @@ import gymnasium
 import numpy as np
 import psutil
 import pytest
-from doubles import Fault, SandboxError, env_fn, tasks, tool_exited_2
+from doubles import Fault, SandboxError, env_fn, resilient_env_of, tasks, tool_exited_2
 
+from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
+from gym_resilience.env_backends import make_env
 from gym_resilience.errors import (
     EnvClosedError,
     EnvCloseError,
@@ -35,6 +37,7 @@ from gym_resilience.errors import (
     EnvWorkerDiedError,
     UnpicklableEnvError,
     UnsupportedConfigError,
+    root_cause,
 )
 from gym_resilience.isolation import IsolatedEnv
 from gym_resilience.retry import RetryPolicy
@@ -323,6 +326,37 @@ def test_an_exception_in_the_worker_step_arrives_as_env_step_error_with_the_orig
     assert "in fire" in cause.__notes__[0]
     assert env.closed
     assert not worker.is_running()
+
+
+def test_a_transient_failure_of_a_wrapped_env_in_a_worker_is_still_transient_in_the_parent() -> None:
+    """A factory that returns a ResilientEnv (for reset retries) runs it in the worker, whose EnvStepError
+    crosses the pipe with its ConnectionError as cause: retries still see a transient failure."""
+    failing = env_fn(Fault(error=ConnectionError, message="sandbox connection dropped"))
+    config = RunnerConfig(env_backend="process")
+    env = make_env(functools.partial(resilient_env_of, failing), tasks(1)[0], config)
+    env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step("ls")
+    assert RetryPolicy().is_retryable(caught.value)
+    assert type(root_cause(caught.value)) is ConnectionError
+    assert str(caught.value).endswith(": ConnectionError: sandbox connection dropped")
+    env.close()
+
+
+def test_an_isolated_env_under_a_gymnasium_wrapper_still_counts_as_isolated() -> None:
+    """A worker lost under a TimeLimit is closed and never retried, even with close_on_error=False."""
+    policy = RetryPolicy(attempts=3, retry_on=(TimeoutError, EnvClosedError), sleep=lambda _s: None)
+    wrapped = gymnasium.wrappers.TimeLimit(IsolatedEnv(HANGING_RESET, reset_timeout=0.3), 10)
+    env = ResilientEnv(wrapped, reset_retry=policy)
+    error, _ = timed(env.reset)
+    assert isinstance(error, EnvTimeoutError)  # not a retry finding the env closed
+    assert env.closed
+    hanging = gymnasium.wrappers.TimeLimit(IsolatedEnv(HANGING_STEP, step_timeout=0.3), 10)
+    env = ResilientEnv(hanging, close_on_error=False)
+    env.reset()
+    error, _ = timed(lambda: env.step("sleep forever"))
+    assert isinstance(error, EnvTimeoutError)
+    assert env.closed  # no env is left to keep open
 
 
 def test_close_on_error_false_keeps_an_isolated_env_open_after_a_step_error() -> None:

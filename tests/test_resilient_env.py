@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import pickle
 import subprocess
@@ -623,4 +624,86 @@ def test_close_requested_from_many_threads_at_once_closes_the_inner_env_once() -
         thread.start()
     for thread in threads:
         thread.join()
+    assert inner.close_calls == 1
+
+
+# --- options, copies and counting ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [
+        ({"reset_retry": 3}, "reset_retry"),
+        ({"reset_retry": True}, "reset_retry"),
+        ({"reset_retry": {"attempts": 3}}, "reset_retry"),
+        ({"close_on_error": "no"}, "close_on_error"),
+        ({"close_on_error": None}, "close_on_error"),
+    ],
+)
+def test_an_option_of_the_wrong_type_is_refused_when_the_wrapper_is_made_and_the_env_is_closed(
+    kwargs: dict[str, Any], option: str
+) -> None:
+    inner = ScriptableEnv()
+    with pytest.raises(UnsupportedConfigError) as caught:
+        ResilientEnv(inner, **kwargs)
+    assert caught.value.option == option
+    assert repr(kwargs[option]) in str(caught.value)
+    assert inner.close_calls == 1  # handed over: refused, it is closed all the same
+
+
+def test_a_refused_env_whose_close_raises_says_so_on_the_refusal() -> None:
+    inner = ScriptableEnv(close=raising(OSError("sandbox already gone")))
+    with pytest.raises(UnsupportedConfigError) as caught:
+        ResilientEnv(inner, step_timeout=5.0)
+    assert caught.value.__notes__ == ["closing the env also failed: OSError: sandbox already gone"]
+
+
+def test_the_turn_of_a_step_error_counts_failed_steps_and_starts_over_at_each_reset() -> None:
+    def reset(env: ScriptableEnv, seed: int | None, options: dict[str, Any] | None) -> Any:
+        if env.reset_calls == 2:
+            raise ConnectionError("sandbox gone")
+        return default_reset(env, seed, options)
+
+    env = ResilientEnv(ScriptableEnv(reset=reset, step=raising(ValueError("bad move"))), close_on_error=False)
+    env.reset()
+    turns = []
+    for _ in range(3):
+        with pytest.raises(EnvStepError) as caught:
+            env.step("e2e4")
+        turns.append(caught.value.turn)
+    assert turns == [0, 1, 2]
+    with pytest.raises(EnvResetError):
+        env.reset()
+    with pytest.raises(EnvStepError) as caught:
+        env.step("e2e4")
+    assert caught.value.turn == 0  # a reset, even a failed one, starts the count over
+
+
+def test_a_render_failure_passes_through_unchanged_and_an_interruption_in_render_closes_the_env() -> None:
+    inner = ScriptableEnv()
+    env = ResilientEnv(inner)
+    inner.render = raising(RuntimeError("no display"))  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match=r"^no display$"):
+        env.render()
+    assert not env.closed
+    inner.render = raising(KeyboardInterrupt())  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        env.render()
+    assert env.closed and inner.close_calls == 1
+
+
+@pytest.mark.parametrize(
+    "duplicate",
+    [copy.copy, copy.deepcopy, pickle.dumps],
+    ids=["copy", "deepcopy", "pickle"],
+)
+def test_a_wrapper_cannot_be_copied_or_pickled_so_its_one_close_is_never_shared(
+    duplicate: Callable[[Any], Any],
+) -> None:
+    inner = ScriptableEnv()
+    env = ResilientEnv(inner)
+    with pytest.raises(TypeError, match=r"^a ResilientEnv cannot be copied or pickled"):
+        duplicate(env)
+    assert not env.closed
+    env.close()
     assert inner.close_calls == 1
