@@ -54,6 +54,7 @@ from gym_resilience.validation import (
     check_loss_mask_lengths,
     check_placeholders_are_one_step,
     check_reward_values,
+    check_rollout_errors_are_placeholders,
     check_rows_are_lists,
     check_token_level_reward_lengths,
     check_trajectory_id_types,
@@ -133,9 +134,11 @@ _CHECKS: Final[tuple[Callable[[BatchOutput], list[str]], ...]] = (
     check_all_or_no_trajectory_level_rewards,
     check_is_placeholder_types,
     check_trajectory_id_types,
+    check_rollout_errors_are_placeholders,
     _check_trajectory_ids_present,
 )
-"""The invariants the computation relies on (a subset of the validator's, plus ids on every row)."""
+"""The invariants the computation relies on (a subset of the validator's, plus ids on every row): a
+``"rollout_error"`` row that is not flagged a placeholder would enter its group's statistics."""
 
 _STEP_WISE_CHECKS: Final[tuple[Callable[[BatchOutput], list[str]], ...]] = (
     check_is_last_step_types,

@@ -8,6 +8,7 @@ rewards and masks in place, which is why every placeholder is a fresh object.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -84,8 +85,12 @@ class TrajectoryId:
             return value
         instance_id = getattr(value, "instance_id", None)
         repetition = getattr(value, "repetition_id", None)
-        if isinstance(instance_id, str) and isinstance(repetition, int) and not isinstance(repetition, bool):
-            return cls(instance_id, repetition)
+        if (
+            isinstance(instance_id, str)
+            and isinstance(repetition, numbers.Integral)  # NumPy's integers too
+            and not isinstance(repetition, bool)
+        ):
+            return cls(instance_id, int(repetition))
         if isinstance(value, str):
             head, _, tail = value.rpartition("_")
             if head and tail.isascii() and tail.isdigit():

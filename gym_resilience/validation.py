@@ -363,12 +363,27 @@ def check_is_placeholder_types(output: BatchOutput) -> list[str]:
 
 
 def check_trajectory_id_types(output: BatchOutput) -> list[str]:
-    """Trajectory ids are ``TrajectoryId`` or None (step-wise batches also forbid None)."""
-    return [
-        f"sample {index}: trajectory_ids is {_show(tid)}, expected a TrajectoryId or None"
-        for index, tid in enumerate(_column(output, "trajectory_ids"))
-        if tid is not None and not isinstance(tid, TrajectoryId)
-    ]
+    """Trajectory ids are ``TrajectoryId`` or None (step-wise batches also forbid None), each with a str
+    ``instance_id`` and an int ``repetition``."""
+    problems = []
+    for index, tid in enumerate(_column(output, "trajectory_ids")):
+        if tid is not None and not isinstance(tid, TrajectoryId):
+            problems.append(
+                f"sample {index}: trajectory_ids is {_show(tid)}, expected a TrajectoryId or None"
+            )
+        elif tid is not None and not _is_well_formed(tid):
+            problems.append(
+                f"sample {index}: trajectory_ids has instance_id {_show(tid.instance_id)} and repetition "
+                f"{_show(tid.repetition)}, expected a str and an int"
+            )
+    return problems
+
+
+def _is_well_formed(tid: TrajectoryId) -> bool:
+    repetition = tid.repetition
+    return (
+        isinstance(tid.instance_id, str) and isinstance(repetition, int) and not isinstance(repetition, bool)
+    )
 
 
 def check_generation_times(output: BatchOutput) -> list[str]:
@@ -531,7 +546,7 @@ def check_steps_contiguous(output: BatchOutput) -> list[str]:
     first_row: dict[TrajectoryId, int] = {}
     previous: Any = None
     for index, tid in enumerate(_column(output, "trajectory_ids")):
-        if isinstance(tid, TrajectoryId) and tid != previous:
+        if isinstance(tid, TrajectoryId) and _is_well_formed(tid) and tid != previous:  # else reported
             if tid in first_row:
                 problems.append(
                     f"sample {index}: trajectory_ids {tid} reappears after another trajectory "

@@ -617,6 +617,17 @@ def test_a_batch_with_the_default_empty_placeholder_flags_has_no_placeholders() 
     assert group_relative_advantages(unflagged).advantages == group_relative_advantages(batch).advantages
 
 
+def test_a_rollout_error_row_not_flagged_a_placeholder_is_refused_as_the_validator_refuses_it() -> None:
+    """Otherwise its zero reward would enter its group's statistics, and the advantages of the batch and of
+    its GeneratorOutput dict (where that row is a placeholder) would differ."""
+    batch = build_batch_output([real("a", 0, 1.0), real("a", 1, 0.0), placeholder("a", 2)])
+    unflagged = dataclasses.replace(batch, is_placeholder=[])
+    with pytest.raises(OutputValidationError, match="sample 2: stop_reasons is 'rollout_error' but"):
+        validate_batch_output(unflagged, num_prompts=3)
+    with pytest.raises(OutputValidationError, match="sample 2: stop_reasons is 'rollout_error' but"):
+        group_relative_advantages(unflagged)
+
+
 def test_a_dict_without_a_column_names_it_and_anything_else_is_a_type_error() -> None:
     as_dict = build_batch_output([real("a", 0, 1.0)]).to_dict()
     del as_dict["loss_masks"]

@@ -461,6 +461,26 @@ def test_a_malformed_step_result_is_a_type_error_naming_what_was_wrong(step_resu
     assert str(info.value) == message
 
 
+async def test_numpys_flags_and_numbers_from_an_env_are_taken_and_flags_count_in_env_metrics() -> None:
+    """Envs computed with NumPy hand back its bools and numbers; skyrl-gym counts flags as 1.0 and 0.0."""
+    import numpy
+
+    class NumpyEnv(CountingTextEnv):
+        def step(self, action: str) -> Any:
+            observation, reward, terminated, _truncated, info = super().step(action)
+            flags = {"solved": numpy.bool_(terminated), "valid": True, "note": "text"}
+            return observation, numpy.float32(reward), numpy.bool_(terminated), numpy.False_, info | flags
+
+    ledger = EnvCounts()
+    runner = BatchRunner(
+        ScriptedEngine(), lambda task: NumpyEnv(task, ledger, (), 2), RunnerConfig(max_turns=2)
+    )
+    result = await runner.generate(tasks(2))
+    assert result.failures == []
+    assert [t.env_metrics for t in result.trajectories] == [{"turn": 2.0, "solved": 1.0, "valid": 1.0}] * 2
+    assert ledger.open == 0
+
+
 async def test_a_rollout_cancelled_while_closing_its_env_still_closes_it() -> None:
     class SlowClose(CountingTextEnv):
         def close(self) -> None:

@@ -103,6 +103,21 @@ def test_the_tasks_env_kwargs_are_the_envs_extras_and_get_metrics_lands_in_info(
     assert env.step("still no idea")[2:] == (True, False, {"steps": 2})
 
 
+@pytest.mark.parametrize("env_id", ["acme/gsm8k", "gsm8k multi", "gsm8k@v2"])
+def test_an_env_id_skyrl_gym_takes_but_gymnasium_would_not_parse_still_builds_and_runs(env_id: str) -> None:
+    from skyrl_gym.envs import registration
+
+    registration.register(id=env_id, entry_point="skyrl_gym.envs.gsm8k.env:GSM8kEnv")
+    try:
+        env = skyrl_gym_factory(env_id)(task(0))
+        assert env.spec is not None and env.spec.id.startswith("skyrl_gym/")
+        env.reset()
+        assert env.step("six times seven is #### 42")[1:3] == (1.0, True)
+        env.close()
+    finally:
+        registration.registry.pop(env_id)
+
+
 def test_a_second_reset_starts_a_fresh_episode_from_a_new_env() -> None:
     env = skyrl_gym_factory("gsm8k_multi_turn")(task(0, max_turns=3))
     env.reset()

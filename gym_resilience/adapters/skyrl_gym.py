@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -140,7 +141,8 @@ class SkyRLGymEnv(gymnasium.Env[list[ChatMessage], str]):
     ) -> None:
         self.observation_space = ChatMessages()
         self.action_space = reply_space()
-        self.spec = EnvSpec(id=f"skyrl_gym/{skyrl_spec.id}")
+        # skyrl-gym takes any id; Gymnasium's spec takes word characters, ':', '.' and '-' only.
+        self.spec = EnvSpec(id="skyrl_gym/" + re.sub(r"[^\w:.-]", "_", str(skyrl_spec.id)))
         self._skyrl_spec = skyrl_spec
         self._prompt = [dict(message) for message in prompt]
         self._extras = dict(extras)

@@ -7,6 +7,8 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 __all__ = ["checked_step", "numeric_info"]
 
 
@@ -32,7 +34,7 @@ def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str
     if not math.isfinite(reward):  # it would make the batch's reward metrics and any loss NaN
         raise ValueError(f"env.step returned a reward of {reward!r}, expected a finite number")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(flag, bool | numbers.Integral) and type(flag).__name__ != "bool_":  # numpy's bool
+        if not isinstance(flag, bool | numbers.Integral | np.bool_):
             raise TypeError(f"env.step returned {name}={flag!r:.40}, expected a bool")
     if not isinstance(info, Mapping):
         raise TypeError(f"env.step returned info of type {type(info).__name__}, expected a dict")
@@ -40,9 +42,13 @@ def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str
 
 
 def numeric_info(info: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric entries of a step's ``info``: what becomes a trajectory's ``env_metrics``."""
+    """The numeric entries of a step's ``info``: what becomes a trajectory's ``env_metrics``.
+
+    Numbers (NumPy's too) become floats, and flags (``solved: True``) 1.0 or 0.0, as skyrl-gym's
+    ``default_aggregate_metrics`` counts them; anything else (text, lists, None) is left out.
+    """
     return {
         key: float(value)
         for key, value in info.items()
-        if isinstance(value, int | float) and not isinstance(value, bool)
+        if isinstance(value, numbers.Real | np.bool_)  # NumPy's bool is no Real
     }
