@@ -178,6 +178,8 @@ def _rebuild(
 ) -> BaseException:
     error = cls.__new__(cls, *args)
     error.args = args
+    if isinstance(error, ImportError) and args:
+        error.msg = args[0]  # ImportError keeps it apart from args, and only its __init__ sets it
     error.__dict__.update(state)
     if cause_text:
         # The rendering of the cause is kept, so the message stays the same even if the cause did not

@@ -119,6 +119,9 @@ class BatchRunner:
     def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
         if not tasks:
             raise UnsupportedConfigError("generate() needs at least one task", option="tasks")
+        for index, task in enumerate(tasks):
+            if not isinstance(task, Task):
+                raise TypeError(f"tasks[{index}] is a {type(task).__name__}, not a gym_resilience.Task")
         counts = Counter(task.instance_id for task in tasks)
         duplicates = sorted(instance_id for instance_id, count in counts.items() if count > 1)
         if duplicates:

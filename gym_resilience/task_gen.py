@@ -42,16 +42,27 @@ def generate_tasks(
     given). Uses its own seeded ``Faker``: the global ``random`` state is left alone.
 
     Raises:
+        ValueError: ``n`` or ``seed`` is not an int, ``n`` is negative, ``max_turns`` is not an int
+            >= 1, or ``env`` is not one of the bundled envs.
         DependencyNotInstalledError: faker is not installed (it is not a core dependency).
     """
+    for name, value in (("n", n), ("seed", seed)):
+        if not _is_int(value):
+            raise ValueError(f"{name} must be an int, got {value!r}")  # a None seed would not replay
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
+    if max_turns is not None and not (_is_int(max_turns) and max_turns >= 1):
+        raise ValueError(f"max_turns must be None or an int >= 1, got {max_turns!r}")
     if env not in get_args(EnvName):
         raise ValueError(f"env must be one of {get_args(EnvName)}, got {env!r}")
     fake = _faker(seed)
     make = _word_game_task if env == "word_game" else _tool_use_task
     turns = max_turns if max_turns is not None else 8 if env == "word_game" else 4
     return [make(fake, f"{env}-{seed}-{index:04d}", turns) for index in range(n)]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _faker(seed: int) -> Faker:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,3 +23,30 @@ class Task:
     prompt: list[ChatMessage]
     instance_id: str
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuses a task the batch could only fail on later, naming the field.
+
+        Raises:
+            TypeError: ``prompt`` is not a list of chat messages (mappings), ``instance_id`` not a string,
+                or ``env_kwargs`` not a mapping.
+            ValueError: ``instance_id`` is empty.
+        """
+        prompt, instance_id, env_kwargs = self.prompt, self.instance_id, self.env_kwargs
+        if isinstance(prompt, str | bytes | Mapping) or not (
+            isinstance(prompt, Sequence) and all(isinstance(message, Mapping) for message in prompt)
+        ):
+            raise TypeError(
+                'Task.prompt must be a list of chat messages ({"role": ..., "content": ...}), got '
+                f"{type(prompt).__name__}: {prompt!r:.60}"
+            )
+        if not isinstance(instance_id, str):
+            raise TypeError(
+                f"Task.instance_id must be a str, got {type(instance_id).__name__}: {instance_id!r:.60}"
+            )
+        if not instance_id:
+            raise ValueError("Task.instance_id must not be empty: it names the task's trajectories")
+        if not isinstance(env_kwargs, Mapping):
+            raise TypeError(
+                f"Task.env_kwargs must be a mapping, got {type(env_kwargs).__name__}: {env_kwargs!r:.60}"
+            )

@@ -98,6 +98,8 @@ def test_error_survives_a_pickle_round_trip_with_its_context(name: str) -> None:
     assert restored.args == original.args
     assert comparable(vars(restored)) == comparable(vars(original))
     assert restored.__notes__ == ["seen in rollout 3"]
+    if isinstance(original, ImportError):
+        assert restored.msg == original.msg
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

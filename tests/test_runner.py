@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from gym_resilience.engines import Sampling
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.placeholders import FailedRollout, substitute_placeholders
 from gym_resilience.rollout import EnvPool
+from gym_resilience.tasks import Task
 from gym_resilience.trajectories import TrajectoryId, build_batch_output, without_timings
 
 
@@ -278,6 +280,35 @@ async def test_duplicate_instance_ids_are_rejected_naming_them() -> None:
     runner = BatchRunner(ScriptedEngine(), factory(EnvCounts()), RunnerConfig())
     with pytest.raises(UnsupportedConfigError, match=r"repeated: \['t0'\]"):
         await runner.generate(tasks(2) + tasks(1))
+
+
+async def test_something_that_is_not_a_task_is_a_type_error_naming_its_place_and_no_env_is_built() -> None:
+    counts = EnvCounts()
+    runner = BatchRunner(ScriptedEngine(), factory(counts), RunnerConfig())
+    row = {"prompt": [{"role": "user", "content": "hi"}], "instance_id": "t1"}
+    with pytest.raises(TypeError, match=r"^tasks\[1\] is a dict, not a gym_resilience.Task$"):
+        await runner.generate([*tasks(1), row])  # type: ignore[list-item]
+    assert counts.created == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        ({"prompt": "What is 1?"}, TypeError, "Task.prompt must be a list of chat messages"),
+        ({"prompt": {"role": "user", "content": "hi"}}, TypeError, "Task.prompt must be a list of chat"),
+        ({"prompt": ["hi"]}, TypeError, "Task.prompt must be a list of chat messages"),
+        ({"instance_id": 7}, TypeError, "Task.instance_id must be a str, got int: 7"),
+        ({"instance_id": None}, TypeError, "Task.instance_id must be a str, got NoneType: None"),
+        ({"instance_id": ""}, ValueError, "Task.instance_id must not be empty"),
+        ({"env_kwargs": None}, TypeError, "Task.env_kwargs must be a mapping, got NoneType: None"),
+    ],
+)
+def test_a_task_with_a_field_of_the_wrong_kind_is_refused_naming_the_field(
+    fields: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    valid: dict[str, Any] = {"prompt": [{"role": "user", "content": "hi"}], "instance_id": "t0"}
+    with pytest.raises(error, match=f"^{re.escape(message)}"):
+        Task(**(valid | fields))
 
 
 def flaky_once(instance_id: str, *, turn: int = 1, exc: type[Exception] = ConnectionError) -> Fault:

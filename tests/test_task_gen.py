@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -89,3 +90,19 @@ def test_tool_env_factory_builds_envs_that_reach_the_target_through_the_server(
         _, reward, terminated, _, info = env.step(f"The answer is {task.env_kwargs['target']}")
         assert (reward, terminated) == (1.0, True), info
         env.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n": 3, "seed": None}, "seed must be an int, got None"),
+        ({"n": "3", "seed": 1}, "n must be an int, got '3'"),
+        ({"n": 2.5, "seed": 1}, "n must be an int, got 2.5"),
+        ({"n": -1, "seed": 1}, "n must be non-negative, got -1"),
+        ({"n": 3, "seed": 1, "max_turns": 0}, "max_turns must be None or an int >= 1, got 0"),
+        ({"n": 3, "seed": 1, "max_turns": True}, "max_turns must be None or an int >= 1, got True"),
+    ],
+)
+def test_bad_arguments_are_a_value_error_naming_them(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        generate_tasks(**kwargs)  # type: ignore[arg-type]
