@@ -118,6 +118,8 @@ class ResilientEnv(
     ``reset``/``step`` (before the typed error reaches you, unless ``close_on_error=False``), a
     ``KeyboardInterrupt`` or ``asyncio.CancelledError`` inside ``reset``/``step`` (it propagates unchanged),
     leaving a ``with`` block, garbage collection, or interpreter exit. Further ``close()`` calls do nothing.
+    (An env that keeps a reference to its own wrapper is never collected while the program runs: the
+    wrapper's finalizer holds the env, to close it. Dropped unclosed, it is closed at interpreter exit.)
 
     Failures are typed, with the original exception as ``__cause__``: :class:`EnvResetError`,
     :class:`EnvStepError` (0-based turn since the last reset, short action repr), :class:`EnvCloseError`,
