@@ -178,8 +178,9 @@ def _timed(fn: Callable[[], T]) -> Outcome:
 class _EnvBuild:
     """An env built (and reset) in a pool thread for a rollout that may stop waiting for it meanwhile.
 
-    Whichever side comes last closes the env: the rollout if it got the env, else the thread that
-    built it, once it finds the rollout gone. A worker still starting an isolated env is killed at once.
+    Whichever side comes last closes the env: the rollout if the thread handed the env over before the
+    rollout left (even if the hand-over reaches the event loop later), else the thread that built it,
+    once it finds the rollout gone. A worker still starting an isolated env is killed at once.
     """
 
     def __init__(self, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset) -> None:
@@ -188,6 +189,7 @@ class _EnvBuild:
         self._abort = StartAbort()
         self._lock = threading.Lock()
         self._abandoned = False
+        self._handed = False
 
     def run(self) -> tuple[ResilientEnv[Any, Any], Outcome | None]:
         """Build the env and reset it (in the pool thread), and hand both over, or close the env if the
@@ -201,14 +203,19 @@ class _EnvBuild:
             reset = _timed(lambda: self._reset(env))
         with self._lock:
             if not self._abandoned:
+                self._handed = True
                 return env, reset
         env.close()
         raise _Abandoned
 
-    def abandon(self) -> None:
+    def abandon(self) -> bool:
+        """Tell the thread the rollout left; whether the env was handed over already (on its way to the
+        event loop: the rollout must take it and close it, as no thread will)."""
         with self._lock:
             self._abandoned = True
+            handed = self._handed
         self._abort.abort()
+        return handed
 
 
 async def open_env(
@@ -223,13 +230,17 @@ async def open_env(
     try:
         await opened
     except asyncio.CancelledError as cancelled:
-        build.abandon()
-        if not await late.wait(opening):
+        if build.abandon():
+            # Handed over already: none of the env's code is left to run before it arrives, so it is
+            # waited for however long the hand-over takes (on a busy machine, past close_timeout_s).
+            await wait_through_cancellation(opening)
+        elif not await late.wait(opening):
             cancelled.add_note(
                 f"its env was still being built or reset when the rollout stopped waiting after "
                 f"{late.timeout_s:g} s: the thread doing it closes the env when that call returns"
             )
-        elif not opening.cancelled() and opening.exception() is None:
+            raise
+        if not opening.cancelled() and opening.exception() is None:
             # Handed over just before the rollout gave up on it.
             await close_after_failure(opening.result()[0], call, cancelled, late)
         raise

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections.abc import Collection
+from typing import Any
 
 import pytest
 from doubles import SETTLE_S, EnvCounts, Factory, env_fn, factory, hang_on, tasks
@@ -197,3 +199,31 @@ def test_an_isolated_start_aborted_before_it_began_leaves_no_worker() -> None:
     abort.abort()
     with no_leaks(), pytest.raises(EnvClosedError):
         IsolatedEnv(env_fn(), abort=abort)
+
+
+async def test_an_env_handed_over_as_its_rollout_gives_up_is_closed_however_late_the_hand_over_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a busy machine the thread that built an env can be held between handing it over and the event
+    loop seeing it for longer than close_timeout_s. A rollout cancelled in that window still closes it:
+    the thread will not, since it handed the env over."""
+    from gym_resilience.rollout import EnvPool
+
+    hand_over = EnvPool._hand_over
+    held: list[object] = []
+
+    def held_hand_over(self: EnvPool, outcome: Any, *, last: bool) -> Any:
+        held.append(outcome)
+        time.sleep(0.3)  # the thread, descheduled right after the call returned
+        return hand_over(self, outcome, last=last)
+
+    monkeypatch.setattr(EnvPool, "_hand_over", held_hand_over)
+    counts = EnvCounts()
+    runner = BatchRunner(ScriptedEngine(), factory(counts), RunnerConfig(close_timeout_s=0.05))
+    batch = asyncio.create_task(runner.generate(tasks(4)))
+    assert await eventually(lambda: len(held) == 4)  # built and reset, their hand-overs held
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert await eventually(lambda: counts.open == 0), f"envs left open: {counts}"
+    assert counts.closed_more_than_once() == 0
