@@ -27,6 +27,9 @@ EnvBackend = Literal["thread", "process", "ray"]
 
 ENV_BACKENDS: tuple[EnvBackend, ...] = typing.get_args(EnvBackend)
 
+MAX_SEED = 2**62
+"""The largest ``seed``: each rollout's, ``seed + index``, stays a seed vLLM takes (below 2**63)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
@@ -192,6 +195,14 @@ class RunnerConfig:
             _check_positive("max_input_length", self.max_input_length)
         if self.max_concurrency is not None:
             _check_positive("max_concurrency", self.max_concurrency)
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            # vLLM takes a negative seed for none (-1) and refuses one past 64 bits: the rollouts' seeds,
+            # seed + index, must all be seeds.
+            raise UnsupportedConfigError(
+                f"must be None or an int from 0 to 2**62 (rollout i is seeded with seed + i), "
+                f"got {self.seed!r}",
+                option="seed",
+            )
         for option in (
             "generation_timeout_s",
             "rollout_timeout_s",

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Final
 
 from gym_resilience.errors import UnsupportedConfigError
 
-__all__ = ["check_seconds"]
+__all__ = ["MAX_SECONDS", "check_seconds"]
+
+
+MAX_SECONDS: Final = 2_147_483.0
+"""The longest deadline or delay: a wait of the operating system (``poll``, a lock's timeout) counts
+milliseconds in a 32-bit integer, and overflows past it."""
 
 
 def check_seconds(
@@ -32,7 +38,15 @@ def check_seconds(
         and math.isfinite(value)
         and (value > 0 or (allow_zero and value == 0))
     ):
-        return
+        if value <= MAX_SECONDS:
+            return
+        forever = "; None for no deadline" if allow_none else ""
+        raise UnsupportedConfigError(
+            f"must be at most {MAX_SECONDS:,.0f} seconds (about 24 days, the longest wait the operating "
+            f"system takes){forever}, got {value!r}",
+            option=option,
+            path=path,
+        )
     expected = "None or a finite number" if allow_none else "a finite number"
     bound = ">= 0" if allow_zero else "> 0"
     raise UnsupportedConfigError(

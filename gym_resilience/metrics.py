@@ -126,7 +126,7 @@ def _as_bytes(mask: Sequence[int]) -> bytes:
             return bytes(mask)
         except (ValueError, TypeError):  # an entry that is no byte: the slow way
             pass
-    return bytes(1 if int(bit) else 0 for bit in mask)  # a fraction counts as its integer part
+    return bytes(1 if bit != 0 else 0 for bit in mask)  # any entry but zero counts, as in SkyRL
 
 
 def _add_time_stats(metrics: dict[str, float], columns: Mapping[str, Sequence[float]]) -> None:
@@ -146,12 +146,12 @@ def _per_rollout(output: BatchOutput, column: list[float]) -> list[float]:
 
 
 def _time_in_no_part(completion: Sequence[float], parts: list[list[float]]) -> list[float]:
-    """Each rollout's completion time less the sum of its parts' (as NumPy's ``completion - sum(parts,
-    0)``: the parts added in order, then subtracted)."""
-    totals = [float(value) for value in parts[0]]
-    for part in parts[1:]:
-        totals = [total + value for total, value in zip(totals, part, strict=True)]
-    return [float(value) - total for value, total in zip(completion, totals, strict=True)]
+    """Each rollout's completion time less each of its parts' in turn, as SkyRL's generator subtracts
+    them (``other = other - part`` for each part, in order: to the bit, not the sum of the parts)."""
+    rest = [float(value) for value in completion]
+    for part in parts:
+        rest = [value - float(spent) for value, spent in zip(rest, part, strict=True)]
+    return rest
 
 
 def generate_metrics(output: BatchOutput) -> dict[str, float]:

@@ -200,7 +200,8 @@ def build_tiny_model(path: str | Path | None = None) -> Path:
         >>> tokenizer = AutoTokenizer.from_pretrained(build_tiny_model())  # doctest: +SKIP
     """
     target = Path(path) if path is not None else cache_dir() / "models" / TINY_MODEL_RECIPE
-    target = target.expanduser().absolute()
+    # Resolved: a link to a folder is built into that folder (a rename onto the link would fail).
+    target = target.expanduser().resolve()
     if _is_complete(target):
         return target
     check_torch_extensions()  # transformers imports them: a broken one fails with its fix, not deep inside

@@ -60,6 +60,13 @@ DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0}
 # An actor that restarts would continue an episode on a fresh env: a lost env must stay lost.
 _FIXED_ACTOR_OPTIONS: Mapping[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
 
+# Options that would make the actors of several envs one, or let one outlive its env.
+_REFUSED_ACTOR_OPTIONS: Mapping[str, str] = {
+    "name": "one name would be every env's (RayEnv takes a name of its own)",
+    "get_if_exists": "it would hand several envs one actor",
+    "lifetime": "a detached actor would outlive the program that closes it",
+}
+
 
 def check_ray_installed() -> None:
     """Raises :class:`DependencyNotInstalledError` unless ray can be imported (without importing it)."""
@@ -126,6 +133,13 @@ def _host_class() -> Any:
 
 def _actor_options(actor_options: Mapping[str, Any] | None, name: str | None) -> dict[str, Any]:
     options = {**DEFAULT_ACTOR_OPTIONS, **(actor_options or {})}
+    for key, why in _REFUSED_ACTOR_OPTIONS.items():
+        if key in options:
+            raise UnsupportedConfigError(
+                f"{key} cannot be set: each env has an actor of its own, ended with its env; {why}, "
+                f"got {options[key]!r}",
+                option="env_actor_options",
+            )
     for key, fixed in _FIXED_ACTOR_OPTIONS.items():
         if options.get(key, fixed) != fixed:
             raise UnsupportedConfigError(

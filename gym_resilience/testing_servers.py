@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -153,6 +154,10 @@ class VLLMServer(Service):
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise UnsupportedConfigError(f"expected 'cpu' or 'cuda', got {device!r}", option="device")
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise UnsupportedConfigError(
+                f"environment variables are strings, got {dict(env)!r}", option="env"
+            )
         self.args = VLLMArgs(
             Path(model_dir),
             device=device,
@@ -174,6 +179,7 @@ class VLLMServer(Service):
         self._process: subprocess.Popen[bytes] | None = None
         self._rpc_dir: Path | None = None
         self._started_at = 0.0
+        self._reaper: weakref.finalize[Any, VLLMServer] | None = None
 
     # -- introspection -----------------------------------------------------------------------------
 
@@ -250,6 +256,8 @@ class VLLMServer(Service):
             raise EngineError(f"could not start the vLLM server at {self.url}") from exc
         self._state = _State.RUNNING
         self._started_at = time.monotonic()
+        # A server dropped unstopped, or left running when the program exits, is killed with its group.
+        self._reaper = weakref.finalize(self, _reap, self._process, self._rpc_dir)
         return self
 
     def kill(self) -> None:
@@ -307,6 +315,8 @@ class VLLMServer(Service):
 
     def _finish(self) -> None:
         self._state = _State.STOPPED
+        if self._reaper is not None:
+            self._reaper.detach()
         self._remove_rpc_dir()
 
     def _remove_rpc_dir(self) -> None:
@@ -396,6 +406,17 @@ def _status(host: str, port: int, path: str, timeout_s: float) -> int | None:
     if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
         return None
     return int(words[1])
+
+
+def _reap(process: subprocess.Popen[bytes], rpc_dir: Path | None) -> None:
+    """SIGKILL a server's group and reap it: its ``VLLMServer`` was collected, or the program is exiting,
+    without a stop."""
+    if process.poll() is None or _group_alive(process.pid):
+        _signal_group(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5.0)
+    if rpc_dir is not None:
+        shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

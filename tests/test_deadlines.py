@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gym_resilience import RetryPolicy, RunnerConfig, UnsupportedConfigError
-from gym_resilience.deadlines import check_seconds
+from gym_resilience.deadlines import MAX_SECONDS, check_seconds
 from gym_resilience.isolation import IsolatedEnv
 
 
@@ -57,3 +57,38 @@ def test_the_error_carries_the_path_it_is_given() -> None:
 def test_every_seconds_option_is_checked_by_the_same_rule(build, message: str) -> None:
     with pytest.raises(UnsupportedConfigError, match=f"^{message}"):
         build()
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: RunnerConfig(isolate_envs=True, env_step_timeout_s=2.2e6),
+            "env_step_timeout_s: must be at most",
+        ),
+        (lambda: RunnerConfig(close_timeout_s=3e6), "close_timeout_s: must be at most"),
+        (lambda: IsolatedEnv(dict, close_timeout=1e9), "close_timeout: must be at most"),
+    ],
+)
+def test_a_deadline_past_what_the_operating_system_can_wait_is_refused_naming_the_limit(
+    build, message: str
+) -> None:
+    """A wait of the OS counts milliseconds in 32 bits: a longer deadline would fail every call at run
+    time (OverflowError) rather than wait."""
+    with pytest.raises(UnsupportedConfigError, match=f"^{message} 2,147,483 seconds"):
+        build()
+    check_seconds("step_timeout", MAX_SECONDS)
+
+
+@pytest.mark.slow
+def test_the_longest_deadline_allowed_is_one_an_isolated_env_can_wait() -> None:
+    from functools import partial
+
+    from gym_resilience.env import ResilientEnv
+    from gym_resilience.testing import ScriptableEnv
+
+    with ResilientEnv.isolated(
+        partial(ScriptableEnv), step_timeout=MAX_SECONDS, reset_timeout=MAX_SECONDS, close_timeout=MAX_SECONDS
+    ) as env:
+        env.reset()
+        assert env.step("hello")[0] == "hello"

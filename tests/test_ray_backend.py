@@ -443,6 +443,21 @@ def test_env_deadlines_are_accepted_with_the_ray_backend_and_refused_with_thread
             {"env_backend": "ray", "env_actor_options": [1]},
             "runner.env_actor_options: expected a mapping or null, got a list",
         ),
+        (
+            {"env_backend": "ray", "env_actor_options": {"name": "env"}},
+            "runner.env_actor_options: name cannot be set: each env has an actor of its own, ended with "
+            "its env; one name would be every env's (RayEnv takes a name of its own), got 'env'",
+        ),
+        (
+            {"env_backend": "ray", "env_actor_options": {"get_if_exists": True}},
+            "runner.env_actor_options: get_if_exists cannot be set: each env has an actor of its own, "
+            "ended with its env; it would hand several envs one actor, got True",
+        ),
+        (
+            {"env_backend": "ray", "env_actor_options": {"lifetime": "detached"}},
+            "runner.env_actor_options: lifetime cannot be set: each env has an actor of its own, ended "
+            "with its env; a detached actor would outlive the program that closes it, got 'detached'",
+        ),
     ],
 )
 def test_from_mapping_checks_the_env_backend_and_its_actor_options(

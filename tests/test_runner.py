@@ -413,6 +413,14 @@ def test_a_field_of_the_wrong_type_is_rejected_at_construction_naming_it(
     assert (info.value.option, info.value.reason) == (option, reason)
 
 
+@pytest.mark.parametrize("seed", [-1, -3, 2**62 + 1, 2**63 - 1, 2**64])
+def test_a_seed_that_would_leave_a_rollout_unseeded_or_refused_by_vllm_is_rejected(seed: int) -> None:
+    """vLLM takes -1 for no seed and refuses one past 64 bits; rollout i is seeded with seed + i."""
+    with pytest.raises(UnsupportedConfigError, match=r"^seed: must be None or an int from 0 to 2\*\*62"):
+        RunnerConfig(seed=seed)
+    assert RunnerConfig(seed=2**62).rollout_seed(1000) == 2**62 + 1000
+
+
 def test_an_integer_given_for_a_number_becomes_a_float_and_numpys_numbers_become_pythons() -> None:
     import numpy
 

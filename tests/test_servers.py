@@ -8,9 +8,11 @@ process group, that no process of it is left alive.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -143,6 +145,40 @@ def test_a_server_that_died_by_itself_starts_again(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert server.pid is not None and live_group_members(server.pid) == []
+
+
+def test_a_server_dropped_without_stop_or_left_running_at_exit_is_killed_with_its_group(
+    tmp_path: Path,
+) -> None:
+    """A stand-in process group, as above: collected unstopped, and in a program that exits without
+    stopping its server, the group is killed (a server holds a port and a gigabyte or more)."""
+    server = VLLMServer(tmp_path, log_path=tmp_path / "server.log")
+    server.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    server.start()
+    pgid = server.pid
+    assert pgid is not None and live_group_members(pgid) != []
+    del server
+    gc.collect()
+    assert live_group_members(pgid) == []
+    script = f"""
+import sys
+from gym_resilience.testing_servers import VLLMServer
+server = VLLMServer({str(tmp_path)!r}, log_path={str(tmp_path / "exit.log")!r})
+server.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+server.start()
+print(server.pid, flush=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert live_group_members(int(done.stdout)) == []
+
+
+def test_environment_variables_that_are_not_strings_are_refused_when_the_server_is_made(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(UnsupportedConfigError, match=r"^env: environment variables are strings, got"):
+        VLLMServer(tmp_path, env={"CUDA_VISIBLE_DEVICES": 0})  # type: ignore[dict-item]
 
 
 # --- Real servers. ------------------------------------------------------------------------------------

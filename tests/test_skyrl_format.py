@@ -8,7 +8,9 @@ its ``skip_failed_rollouts`` substitutes for a failed rollout. Batches come from
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from typing import Any
 
 import numpy as np
@@ -323,9 +325,9 @@ def test_generate_metrics_count_every_row_placeholders_included() -> None:
         [1, 1, 0, 1, 0, 0, 1, 1],
         [True, True, False, True, False, False, True, True],
         [1, 2, 0, 1, 0, 0, 300, 1],
-        [1.0, 1.5, 0.5, 1.0, 0.0, -0.5, 1.0, 1.0],
+        [1.0, 0.5, 0.0, 2.5, 0.0, 0.0, -1.0, 1.0],
     ],
-    ids=["ints", "bools", "nonzero beyond one", "floats by their integer part"],
+    ids=["ints", "bools", "nonzero beyond one", "any float but zero, as SkyRL counts"],
 )
 def test_tokens_per_turn_count_the_runs_of_nonzero_mask_entries_of_any_row_type(mask: list[int]) -> None:
     output = build_batch_output(rows())
@@ -378,6 +380,28 @@ def test_generate_metrics_of_time_splits_include_the_time_in_no_named_part() -> 
     # other = completion - llm - env: 0.125 and 0.25.
     assert metrics["generate/trajectory_time_other_mean"] == pytest.approx(0.1875)
     assert metrics["generate/trajectory_time_other_p90"] == pytest.approx(np.percentile([0.125, 0.25], 90))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_time_in_no_named_part_is_skyrls_to_the_bit(seed: int) -> None:
+    """SkyRL's generator subtracts each part from the completion time in turn, not their sum."""
+    rng = random.Random(seed)
+    trajectories = [
+        dataclasses.replace(
+            rows()[0],
+            e2e_time=rng.random() * 3,
+            time_splits={"llm": rng.random(), "env": rng.random()},
+        )
+        for _ in range(rng.randint(1, 40))
+    ]
+    output = build_batch_output(trajectories)
+    assert output.trajectory_time_splits is not None and output.trajectory_generation_times is not None
+    other = np.array(output.trajectory_generation_times, dtype=np.float64)
+    for times in output.trajectory_time_splits.values():
+        other = other - np.array(times, dtype=np.float64)
+    metrics = generate_metrics(output)
+    assert metrics["generate/trajectory_time_other_mean"] == float(np.mean(other))
+    assert metrics["generate/trajectory_time_other_max"] == float(np.max(other))
 
 
 def test_step_wise_completion_times_count_each_rollout_once() -> None:

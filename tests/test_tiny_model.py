@@ -9,6 +9,7 @@ import pytest
 
 from gym_resilience import models
 from gym_resilience.cache import CACHE_ENV_VAR, cache_dir
+from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.models import TINY_MODEL_RECIPE, build_tiny_model
 
 MESSAGES = [
@@ -108,6 +109,18 @@ def test_a_folder_holding_something_else_is_refused_and_left_alone(tmp_path: Pat
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.slow
+def test_a_link_to_an_empty_folder_gets_the_model_built_into_that_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "disk" / "models"
+    folder.mkdir(parents=True)
+    link = tmp_path / "model"
+    link.symlink_to(folder)
+    built = build_tiny_model(link)
+    assert built == folder.resolve()
+    assert (folder / "model.safetensors").is_file() and link.is_symlink()
+    assert build_tiny_model(link) == built  # and found there the next time
+
+
 def test_the_tiny_model_is_small(tiny_model: Path) -> None:
     total = sum(path.stat().st_size for path in tiny_model.iterdir())
     assert total < 1 << 20
@@ -167,3 +180,22 @@ def test_text_round_trips_through_encode_and_decode(tiny_model: Path, text: str)
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == text
     assert all(0 <= i < len(tokenizer) for i in ids)
+
+
+def test_a_relative_cache_dir_is_taken_from_where_it_was_first_read(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(CACHE_ENV_VAR, f"relative-cache-{tmp_path.name}")
+    monkeypatch.chdir(tmp_path)
+    first = cache_dir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert cache_dir() == first == tmp_path / f"relative-cache-{tmp_path.name}"
+
+
+@pytest.mark.parametrize("value", ["{tmp}/a-file", "~no-such-user-of-this-machine/cache"])
+def test_a_cache_dir_that_cannot_be_made_is_an_error_naming_the_variable(
+    tmp_path: Path, monkeypatch, value: str
+) -> None:
+    (tmp_path / "a-file").write_text("in the way")
+    monkeypatch.setenv(CACHE_ENV_VAR, value.format(tmp=tmp_path))
+    with pytest.raises(UnsupportedConfigError, match=rf"^{CACHE_ENV_VAR}: cannot use \${CACHE_ENV_VAR}="):
+        cache_dir()
