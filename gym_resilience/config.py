@@ -43,7 +43,9 @@ class RunnerConfig:
         max_input_length: stop a rollout before a turn whose input (prompt, responses, observations)
             is longer than this many tokens; None for no limit.
         n_samples_per_prompt: rollouts per task (trajectory ids ``<instance_id>_<repetition>``).
-        temperature, top_p, seed: sampling; ``temperature=0.0`` is greedy and deterministic.
+        temperature, top_p, seed: sampling; ``temperature=0.0`` is greedy and deterministic. Rollout
+            ``i`` is seeded with ``seed + i`` (its env's reset and its sampling); ``seed`` is None
+            (unseeded) or an int from 0 to 2**62.
         logprobs: record the sampled tokens' logprobs (0.0 for env-written tokens).
         token_level_rewards: one reward per response token (each turn's reward on its last generated
             token) instead of one float per trajectory.
