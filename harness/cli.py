@@ -23,7 +23,7 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_resilience import ScenarioError
+from gym_resilience import ScenarioError, describe_exception
 
 CHAOS_EXTRA = {"yaml": "PyYAML", "pydantic": "pydantic", "matplotlib": "matplotlib", "faker": "faker"}
 """The ``[chaos]`` extra of pyproject.toml: each package's import name and distribution name."""
@@ -188,9 +188,10 @@ def _parser() -> argparse.ArgumentParser:
         "record",
         help="turn the faults a run saw fire into a scenario file",
         description=(
-            "Write a scenario that replays exactly the faults that fired in a run, each targeted at the "
-            "rollout, attempt and turn it hit: a failure found by a seeded probability becomes a fixed, "
-            "readable regression scenario."
+            "Write a scenario that replays exactly the faults that fired in a run: each fault that fired "
+            "by chance or by call order (probability, nth_call, nth_connection) targeted at every rollout, "
+            "attempt and turn it hit, the others as they were. A failure found by a seeded probability "
+            "becomes a fixed, readable regression scenario."
         ),
         epilog=_RECORD_EPILOG,
         formatter_class=raw,
@@ -504,6 +505,17 @@ def _run(args: argparse.Namespace) -> int:
         _say(f"interrupted after {ran} of {count}; saving what finished")
         _save(journal, outputs)
         return EXIT_INTERRUPTED
+    except (SystemExit, asyncio.CancelledError) as exc:
+        # Nothing the harness runs raises these: a scenario's code did, where no scenario could contain it.
+        journal.total_s = time.perf_counter() - start
+        view.finish(journal)
+        ran = len(journal.scenarios) - len(invalid)
+        _say(
+            f"the run ended after {ran} of {count}: a scenario's code raised {describe_exception(exc)} "
+            "where the harness could not contain it; saving what finished"
+        )
+        _save(journal, outputs)
+        return EXIT_DEVIATED
     except Exception:
         journal.total_s = time.perf_counter() - start
         ran = len(journal.scenarios) - len(invalid)
@@ -593,13 +605,21 @@ class _Journal(BaseModel):
     scenarios: list[_Result]
 
 
+_RANDOM_TARGETING = ("probability", "nth_call", "nth_connection")
+"""The targeting filters whose hits another run may not repeat: a ``probability`` draw (and its seed
+depends on the fault's position, which a recorded file changes), and the counts of calls and connections
+in the order they happen (``harness.spec.Targeting``)."""
+
+
 def record_scenario(journal_data: Any, scenario_name: str | None = None) -> dict[str, Any]:
     """A scenario that replays exactly the faults a recorded run saw fire, rollout by rollout.
 
-    Each fault that fired on a rollout becomes one fault targeted at the rollout, attempt and turn it
-    hit, so seeded-probability faults turn into a fixed, readable list; network faults too, since each
-    request names its rollout. A fault that hit no rollout (a killed server, a request that named
-    none, an engine call of a user pipeline) has no rollout to target; it is kept as it was.
+    A fault whose firings depend on chance or on the order of calls (``_RANDOM_TARGETING``) becomes one
+    fault per rollout, attempt and turn it hit, so seeded-probability faults turn into a fixed, readable
+    list; network faults too, since each request names its rollout. A firing that hit no rollout (a
+    killed server, a request that named none, an engine call of a user pipeline) has no rollout to
+    target: its fault is kept as it was, as is every other fault that fired, whose targeting already
+    says where it fires. The faults keep their order, which decides the one that applies to a call.
 
     Raises:
         ValueError: ``journal_data`` is not a journal (the message names the field), or not exactly one
@@ -628,23 +648,32 @@ def record_scenario(journal_data: Any, scenario_name: str | None = None) -> dict
             seen.add(key)
             faults.append(fault)
 
-    for firing in result.firings:
-        fault = dict(original[firing.fault])
-        if firing.rollout is None or firing.attempt is None:
-            continue
-        when: dict[str, list[int]] = {"rollouts": [firing.rollout], "attempts": [firing.attempt]}
-        if firing.turn is not None:
-            when["turns"] = [firing.turn]
-        fault["when"] = when
-        keep(fault)
-    fired_untargeted = {f.fault for f in result.firings if f.rollout is None or f.attempt is None}
     for index, fault in enumerate(original):
-        if index in fired_untargeted:
+        firings = [firing for firing in result.firings if firing.fault == index]
+        if firings and not _fires_at_random(fault):
             keep(fault)
+            continue
+        for firing in firings:
+            if firing.rollout is None or firing.attempt is None:
+                keep(fault)
+                continue
+            when: dict[str, list[int]] = {"rollouts": [firing.rollout], "attempts": [firing.attempt]}
+            if firing.turn is not None:
+                when["turns"] = [firing.turn]
+            keep({**fault, "when": when})
     spec["faults"] = faults
     spec["title"] = f"Replay of: {spec['title']}"
-    spec["description"] = f"Recorded from {result.file}: the faults that fired there, rollout by rollout."
+    spec["description"] = (
+        f"Recorded from {result.file}: the faults that fired there, each one that fired by chance or by "
+        "call order at the rollouts it hit."
+    )
     return spec
+
+
+def _fires_at_random(fault: dict[str, Any]) -> bool:
+    """Whether the fault's targeting has a filter whose hits another run may not repeat."""
+    when = fault.get("when")
+    return isinstance(when, dict) and any(when.get(name) is not None for name in _RANDOM_TARGETING)
 
 
 def _named(results: list[tuple[int, _Result]], name: str) -> list[tuple[int, _Result]]:
@@ -755,18 +784,32 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from harness.loader import load_scenario
+    from harness.loader import MAX_SCENARIO_BYTES, check_text
     from harness.reports.journal import write_atomically
 
     _check_file_target("-o", args.output)
     data = _read_journal(args.journal)
+    cannot = f"{args.journal}: cannot record a scenario"
     try:
         spec = record_scenario(data, args.scenario)
     except ValueError as exc:
-        raise _InvalidInput(f"{args.journal}: cannot record a scenario: {exc}") from None
-    write_atomically(args.output, yaml.safe_dump(spec, sort_keys=False).encode("utf-8"))
-    load_scenario(args.output)  # what we wrote must be a valid scenario
-    print(f"wrote {args.output}: {len(spec['faults'])} faults")
+        raise _InvalidInput(f"{cannot}: {exc}") from None
+    text = yaml.safe_dump(spec, sort_keys=False)
+    raw = text.encode("utf-8")
+    # What is written must load: checked first, so that a scenario the loader refuses is never written.
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise _InvalidInput(
+            f"{cannot}: its {len(spec['faults'])} faults make {len(raw):,} bytes of YAML, and a scenario "
+            f"file is at most {MAX_SCENARIO_BYTES:,} bytes; record a run whose random faults fired fewer "
+            f"times (fewer tasks or turns, a lower probability); {args.output} was not written"
+        )
+    checked = check_text(text, file=args.output, folder=args.output.parent)
+    if checked.problems:
+        invalid = f"it would not be a valid scenario: {checked.problems[0]}"
+        raise _InvalidInput(f"{cannot}: {invalid}; {args.output} was not written")
+    write_atomically(args.output, raw)
+    count = len(spec["faults"])
+    print(f"wrote {args.output}: {count} fault{'s' if count != 1 else ''}")
     return EXIT_HELD
 
 

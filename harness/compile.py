@@ -112,8 +112,8 @@ def compile_parts(
 
     extra = spec.python_path if "python_path" in valid else []
     found = [attempt(("python_path", i), _folder_of(base, entry)) for i, entry in enumerate(extra)]
-    if folder is not None:
-        add_import_folders([folder, *(path for path in found if path is not None)])
+    # None: nothing is added, and no folder is the scenario's own (see harness.names).
+    add_import_folders([folder, *(path for path in found if path is not None)] if folder is not None else [])
     config = _runner_config(spec, problems) if "runner" in valid else None
     model_dir = attempt(("model",), lambda: _model_dir(base, spec.model)) if "model" in valid else None
     batch = spec.batch if "batch" in valid else None
@@ -136,6 +136,7 @@ def compile_parts(
         pipeline=spec.pipeline is not None if "pipeline" in valid else None,
         cluster=spec.cluster if "cluster" in valid else None,
         cluster_valid="cluster" in valid,
+        probes=spec.probes if "probes" in valid else (),
     )
     problems.extend(rule_problems(known))
     if problems or not parts.complete or config is None or tasks is None:

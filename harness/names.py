@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import importlib.machinery
 import pkgutil
 import sys
 from collections.abc import Iterable
@@ -24,16 +25,24 @@ __all__ = ["add_import_folders", "import_attribute", "resolve_exception"]
 _ADDED: list[str] = []
 """The folders scenarios put on ``sys.path``: where a missing top-level module's near names are sought."""
 
+_SCENARIO: list[str] = []
+"""The folders of the scenario whose names are being resolved (the last ``add_import_folders`` call's):
+a module they hold must be the one imported (see ``_imported_elsewhere``)."""
+
 
 def add_import_folders(folders: Iterable[Path]) -> None:
-    """Put ``folders`` first on ``sys.path``, for good: the user's modules are imported from them now, and
-    isolated env workers (started later, with this ``sys.path``) import them again by name."""
-    for folder in folders:
-        entry = str(folder.resolve())
+    """Put ``folders`` first on ``sys.path``, in their order, for good: the user's modules are imported from
+    them now, and isolated env workers (started later, with this ``sys.path``) import them again by name.
+    Until the next call, they are the folders of the scenario whose names :func:`import_attribute`
+    resolves."""
+    entries = list(dict.fromkeys(str(folder.resolve()) for folder in folders))
+    for entry in reversed(entries):
         if entry not in _ADDED:
             _ADDED.append(entry)
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+        if entry in sys.path:  # another scenario's folder, now behind the folders added since
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    _SCENARIO[:] = entries
 
 
 def import_attribute(module_name: str, qualname: str, purpose: str = "") -> Any:
@@ -47,10 +56,16 @@ def import_attribute(module_name: str, qualname: str, purpose: str = "") -> Any:
     try:
         found: Any = importlib.import_module(module_name)
     except ImportError as exc:
+        clash = _imported_elsewhere(module_name, purpose)
+        if clash is not None:
+            raise ValueError(clash) from None
         hint = _near_module(module_name) if isinstance(exc, ModuleNotFoundError) else ""
         raise ValueError(f"cannot import module {show(module_name)}{purpose}: {exc}{hint}") from None
     except BaseException as exc:  # the module's own code failed: say how, without its traceback
         raise ValueError(f"importing module {show(module_name)}{purpose} raised {error_text(exc)}") from None
+    clash = _imported_elsewhere(module_name, purpose)
+    if clash is not None:
+        raise ValueError(clash)
     for part in qualname.split("."):
         try:
             found = getattr(found, part)
@@ -60,6 +75,48 @@ def import_attribute(module_name: str, qualname: str, purpose: str = "") -> Any:
                 f"module {show(module_name)} has no attribute {show(qualname)}{did_you_mean(part, names)}"
             ) from None
     return found
+
+
+def _imported_elsewhere(module_name: str, purpose: str) -> str | None:
+    """Why ``module_name`` is not the scenario's own module, if it is not: the scenario's folders hold a
+    module of that name (or of a package above it), and the one imported is another, already in
+    ``sys.modules`` (another scenario's folder held one of the same name, or it is installed) and
+    silently used instead. None when it is the scenario's own, or its folders hold no such module."""
+    search: list[str] = list(_SCENARIO)
+    name = ""
+    for part in module_name.split("."):
+        name = f"{name}.{part}" if name else part
+        try:
+            own = importlib.machinery.PathFinder.find_spec(name, search) if search else None
+        except (ImportError, OSError, ValueError):
+            return None
+        loaded = sys.modules.get(name)
+        if own is None or loaded is None:
+            return None
+        if own.origin is not None:  # a module or a regular package: one file
+            where = _origin(loaded)
+            if where is None or not _same_file(where, own.origin):
+                return (
+                    f"cannot import module {show(module_name)}{purpose} from the scenario's folder: "
+                    f"{show(name)} was already imported from {where or 'no file'} (another scenario's "
+                    f"folder, or an installed module of that name), not from {own.origin}; a process holds "
+                    "one module of a name: rename one of them, or put it in a package of its own"
+                )
+        search = list(own.submodule_search_locations or [])  # a namespace package: its folders here
+    return None
+
+
+def _origin(module: Any) -> str | None:
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None) or getattr(module, "__file__", None)
+    return origin if isinstance(origin, str) else None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return a == b
 
 
 def _names(value: Any) -> list[str]:

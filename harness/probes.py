@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -17,6 +17,7 @@ from gym_resilience import (
     AnyTrajectory,
     BatchOutput,
     OutputValidationError,
+    describe_exception,
     group_relative_advantages,
     validate_batch_output,
 )
@@ -27,16 +28,25 @@ __all__ = [
     "METRICS_PREFIX",
     "PROBES",
     "REGISTRY",
+    "Observations",
     "ProbeDefinition",
     "RunOutcome",
     "Runs",
     "attempt_nodes",
+    "is_counter",
     "is_probe",
+    "observations",
     "observe",
 ]
 
 METRICS_PREFIX: Final = "metrics."
 """``metrics.<key>`` reads the runner metric ``<key>`` of the faulted run."""
+
+COUNTERS: Final = frozenset({"retries", "retries/rollouts", "retries/succeeded", "retries/exhausted"})
+COUNTER_FAMILIES: Final = ("rollout_errors/type/", "rollout_errors/cause/", "rollout_errors/phase/")
+"""The runner metrics that count something and that ``gym_resilience.metrics.batch_metrics`` leaves out
+of a batch's metrics when the count is zero: the retry counts, and the failed rollouts by type, root
+cause and phase (one key per name that occurred)."""
 
 
 @dataclass
@@ -297,10 +307,50 @@ def is_probe(name: str) -> bool:
     return name in PROBES or (name.startswith(METRICS_PREFIX) and name != METRICS_PREFIX)
 
 
-def observe(runs: Runs) -> dict[str, Any]:
-    """Every probe's observation of a scenario's runs (None where a probe has nothing to observe), and
-    ``metrics.<key>`` for every runner metric of the faulted run."""
-    observations = {probe.name: probe.observe(runs) for probe in REGISTRY}
-    for key, value in runs.faulted.metrics.items():
-        observations[f"{METRICS_PREFIX}{key}"] = value
-    return observations
+def is_counter(key: str) -> bool:
+    """Whether the runner metric ``key`` is a count the runner leaves out when it is zero (``COUNTERS``)."""
+    return key in COUNTERS or any(key.startswith(f) and len(key) > len(f) for f in COUNTER_FAMILIES)
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Every probe's observation of a scenario's runs, and why the ones that could not be computed for
+    this batch observe None."""
+
+    values: dict[str, Any]
+    unobservable: dict[str, str]
+    """Why, by probe name: the error computing it raised (``masked_groups`` of rows without ids)."""
+
+
+def observations(runs: Runs, probes: Iterable[str] = ()) -> Observations:
+    """Every probe's observation of a scenario's runs (None where a probe has nothing to observe, or
+    cannot be computed for this batch: only a probe that asks for it is affected), ``metrics.<key>``
+    for every runner metric of the faulted run, and 0.0 for each counter ``probes`` name that
+    ``BatchRunner``'s metrics leave out because it is zero."""
+    values: dict[str, Any] = {}
+    unobservable: dict[str, str] = {}
+    for probe in REGISTRY:
+        try:
+            values[probe.name] = probe.observe(runs)
+        except Exception as exc:  # e.g. group-relative advantages refuse a batch without trajectory ids
+            values[probe.name] = None
+            why = " ".join(describe_exception(exc).split())
+            unobservable[probe.name] = f"cannot be observed for this batch: {_cut(why)}"
+    metrics = runs.faulted.metrics
+    for key, value in metrics.items():
+        values[f"{METRICS_PREFIX}{key}"] = value
+    if metrics:  # BatchRunner finished the batch (a user pipeline gives no metrics)
+        for name in probes:
+            key = name.removeprefix(METRICS_PREFIX)
+            if name.startswith(METRICS_PREFIX) and key not in metrics and is_counter(key):
+                values[name] = 0.0
+    return Observations(values, unobservable)
+
+
+def observe(runs: Runs, probes: Iterable[str] = ()) -> dict[str, Any]:
+    """The values of :func:`observations`."""
+    return observations(runs, probes).values
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}..."

@@ -3,7 +3,8 @@
 Installing gym-resilience registers it with every pytest run (the ``pytest11`` entry point), so it is
 opt-in: it collects only in a project whose pytest configuration sets ``gym_resilience_scenarios =
 true`` (or a run given ``-o gym_resilience_scenarios=true``), and there only YAML files inside a folder
-named ``scenarios``. Every other project's test run stays as it was.
+of the project named ``scenarios`` (pytest's rootdir or a folder below it). Every other project's test
+run stays as it was.
 
 Items of a session share one event loop and one ``Bench`` (the vLLM engines), closed when the session
 ends. ``--chaos-device cuda`` runs vLLM on a GPU. When a collected scenario declares a Ray ``cluster``,
@@ -42,10 +43,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    opted_in = parent.config.getini(OPT_IN)
-    if opted_in and file_path.suffix in (".yaml", ".yml") and "scenarios" in file_path.parent.parts:
+    config = parent.config
+    if (
+        config.getini(OPT_IN)
+        and file_path.suffix in (".yaml", ".yml")
+        and _in_a_scenarios_folder(file_path, config.rootpath)
+    ):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def _in_a_scenarios_folder(file_path: Path, rootpath: Path) -> bool:
+    """Whether a folder named ``scenarios`` of the project holds ``file_path``: the project's root folder
+    (pytest's rootdir) or one below it. Folders above the root are not the project's (a checkout inside
+    ``~/scenarios/`` would collect every YAML file it has), nor is a file outside the root."""
+    try:
+        below = file_path.parent.relative_to(rootpath).parts
+    except ValueError:
+        return False
+    return "scenarios" in (rootpath.name, *below)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -57,7 +57,7 @@ from harness.faults import (
     read_firings,
 )
 from harness.ledger import EnvLedger
-from harness.probes import RunOutcome, Runs, observe
+from harness.probes import RunOutcome, Runs, observations
 from harness.proxy import FaultProxy
 from harness.results import FaultFiring, ProbeResult, RolloutSpan, ScenarioResult
 from harness.spec import EnvFault, NetworkFault
@@ -233,6 +233,62 @@ def _base_factory(scenario: CompiledScenario, tool_url: str | None) -> Callable[
     return word_game_factory
 
 
+def _raised_by_the_run(error: BaseException, interrupts: bool) -> bool:
+    """Whether ``error``, raised out of a run's batch, is that run's outcome rather than the end of the
+    whole chaos run: any ``Exception``; a ``KeyboardInterrupt`` only where interrupt faults raise it; a
+    ``SystemExit`` or another ``BaseException`` the scenario's env or pipeline raised (nothing the harness
+    runs raises one); an ``asyncio.CancelledError`` unless this task is being cancelled (Ctrl-C: asyncio
+    cancels the main task). A ``GeneratorExit`` is a coroutine being closed: it always goes on."""
+    if isinstance(error, Exception):
+        return True
+    if isinstance(error, KeyboardInterrupt):
+        return interrupts
+    if isinstance(error, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is None or task.cancelling() == 0
+    return not isinstance(error, GeneratorExit)
+
+
+def _ends_the_chaos_run(error: BaseException | None, interrupts: bool) -> bool:
+    """Whether a run's ``error`` would have ended the whole chaos run had the harness not caught it: a
+    ``BaseException`` that is not an ``Exception``, but the ``KeyboardInterrupt`` of interrupt faults."""
+    if error is None or isinstance(error, Exception):
+        return False
+    return not (interrupts and isinstance(error, KeyboardInterrupt))
+
+
+class _ContainedExit(Exception):
+    """Raised by a task the user's pipeline started instead of its ``SystemExit`` (the ``__cause__``),
+    which asyncio would re-raise out of the event loop, ending the whole chaos run with no reports."""
+
+
+@contextlib.contextmanager
+def _exits_contained(exits: list[BaseException]) -> Iterator[None]:
+    """While the user's pipeline is called, every task it starts (``asyncio.gather``, ``create_task``)
+    turns a ``SystemExit`` its code raises (``sys.exit()`` in an env) into a ``_ContainedExit``, and adds
+    it to ``exits``: the run's error, however the pipeline handles its tasks' errors."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_task_factory()
+
+    async def contained(coro: Any) -> Any:
+        try:
+            return await coro
+        except SystemExit as exc:
+            exits.append(exc)
+            raise _ContainedExit(f"the task raised {describe_exception(exc)}") from exc
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        if previous is not None:
+            return previous(loop, contained(coro), **kwargs)
+        return asyncio.Task(contained(coro), loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)
+    try:
+        yield
+    finally:
+        loop.set_task_factory(previous)
+
+
 def _normalise(produced: Any) -> tuple[list[AnyTrajectory] | None, BatchOutput]:
     if isinstance(produced, BatchOutput):
         return None, produced
@@ -315,18 +371,23 @@ async def run_batch(
             output: BatchOutput | None = None
             metrics: dict[str, float] = {}
             error: BaseException | None = None
+            exits: list[BaseException] = []
             if cluster is not None:
                 stack.enter_context(NodeKiller(plan, spans, cluster))
             try:
                 if scenario.pipeline is not None:
-                    trajectories, output = _normalise(await scenario.pipeline(tasks, factory, faulty))
+                    with _exits_contained(exits):
+                        produced = await scenario.pipeline(tasks, factory, faulty)
+                    trajectories, output = _normalise(produced)
                 else:
                     result = await BatchRunner(faulty, factory, config).generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
-            except (KeyboardInterrupt, Exception) as exc:
-                if isinstance(exc, KeyboardInterrupt) and not interrupts:
+            except BaseException as exc:
+                if not _raised_by_the_run(exc, interrupts):
                     raise
                 error = exc
+            if exits:  # a task of the pipeline's ended in SystemExit, whatever the pipeline made of it
+                error = exits[0]
             wall_s = time.perf_counter() - start
             end_s = time.time() - plan.start
             moved = failovers() - before
@@ -440,7 +501,7 @@ def judge(
     samples = 1 if scenario.pipeline is not None else config.n_samples_per_prompt
     n_rollouts = len(scenario.tasks) * samples
     comparison = compare_outputs(baseline.output, faulted.output)
-    observations = observe(
+    observed = observations(
         Runs(
             baseline=baseline,
             faulted=faulted,
@@ -448,16 +509,18 @@ def judge(
             num_prompts=len(scenario.tasks) * config.n_samples_per_prompt,
             step_wise=config.step_wise,
             injected_latency_s=_latency_per_rollout(scenario, faulted.firings),
-        )
+        ),
+        [p.probe for p in scenario.spec.probes],
     )
     details = {"identical_to_baseline": comparison.describe(), "numerical_ties": comparison.describe()}
+    details.update(observed.unobservable)
     probes = [_outcome_probe(scenario, faulted)]
     probes += [
         ProbeResult(
             p.probe,
             p.describe(),
-            observations.get(p.probe),
-            p.holds(observations.get(p.probe)),
+            observed.values.get(p.probe),
+            p.holds(observed.values.get(p.probe)),
             details.get(p.probe, ""),
         )
         for p in scenario.spec.probes
@@ -471,7 +534,11 @@ def judge(
     result.outcome = probes[0].observed
     result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s
     result.status = "held" if all(p.held for p in probes) else "deviated"
-    if baseline.error is not None:
+    escaped = _escaped(scenario, baseline, faulted)
+    if escaped is not None:
+        result.status = "error"
+        result.message = escaped
+    elif baseline.error is not None:
         result.status = "error"
         result.message = f"the fault-free baseline failed: {describe_exception(root_cause(baseline.error))}"
     elif _env_faults_unreachable(scenario, faulted):
@@ -481,6 +548,23 @@ def judge(
             "(build every env with env_factory(task), so that faults and the env ledger reach it)"
         )
     return result
+
+
+def _escaped(scenario: CompiledScenario, baseline: RunOutcome, faulted: RunOutcome) -> str | None:
+    """Why the scenario is an error when a run raised what would have ended the whole chaos run (see
+    ``_ends_the_chaos_run``); None when neither did."""
+    interrupts = any(getattr(fault, "kind", "") == "interrupt" for fault in scenario.faults)
+    for run, error, allowed in (
+        ("fault-free baseline", baseline.error, False),
+        ("faulted run", faulted.error, interrupts),
+    ):
+        if error is not None and _ends_the_chaos_run(error, allowed):
+            return (
+                f"the {run} raised {describe_exception(error)} in the scenario's env or pipeline: a "
+                "BaseException that is not an Exception (sys.exit(), asyncio.CancelledError) would end "
+                "the whole chaos run, so it is this scenario's error; raise an Exception instead"
+            )
+    return None
 
 
 def _env_faults_unreachable(scenario: CompiledScenario, faulted: RunOutcome) -> bool:

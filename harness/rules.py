@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gym_resilience.config import RunnerConfig
 from harness.messages import Loc, Problem
+from harness.probes import METRICS_PREFIX
 from harness.spec import (
     BatchSpec,
     ClusterSpec,
@@ -20,6 +21,7 @@ from harness.spec import (
     EnvFault,
     Fault,
     NetworkFault,
+    Probe,
     RayFault,
 )
 
@@ -43,6 +45,8 @@ class Known:
     """The declared cluster; None when the file declares none (or ``cluster`` has a problem of its own)."""
     cluster_valid: bool = True
     """False when ``cluster`` has a problem of its own: the rules about it are then skipped."""
+    probes: Sequence[Probe] = ()
+    """The probes; empty when ``probes`` has a problem of its own."""
 
 
 def rule_problems(known: Known) -> Iterator[Problem]:
@@ -50,6 +54,7 @@ def rule_problems(known: Known) -> Iterator[Problem]:
     if known.engine is not None:
         yield from _engine_problems(known.engine)
     yield from _cluster_problems(known)
+    yield from _probe_problems(known)
     for index, fault in known.faults:
         at: Loc = ("faults", index)
         if isinstance(fault, EnvFault):
@@ -85,6 +90,21 @@ def _cluster_problems(known: Known) -> Iterator[Problem]:
             "a ray fault needs a cluster: declare cluster: {nodes: 2} (a local Ray cluster the harness "
             "starts on loopback for the scenario)",
         )
+
+
+def _probe_problems(known: Known) -> Iterator[Problem]:
+    """``metrics.<key>`` reads the metrics ``BatchRunner`` returns; a user pipeline returns none, so such a
+    probe would observe nothing, whatever the run did."""
+    if not known.pipeline:
+        return
+    for index, probe in enumerate(known.probes):
+        if probe.probe.startswith(METRICS_PREFIX):
+            yield Problem(
+                ("probes", index, "probe"),
+                f"probe {probe.probe!r} reads BatchRunner's metrics, and a user pipeline runs instead, "
+                "which gives none; remove pipeline to test BatchRunner, or probe the batch itself "
+                "(batch_size, placeholders, envs_unclosed, ...)",
+            )
 
 
 def _engine_problems(engine: EngineSpec) -> Iterator[Problem]:

@@ -168,8 +168,9 @@ Fault = Annotated[EnvFault | EngineFault | NetworkFault | RayFault, Field(discri
 
 
 def _loopback_url(url: str) -> str:
-    """``url`` if it is ``http://`` on a loopback address with a port: the harness sends network traffic
-    only to this machine."""
+    """``url`` if it is ``http://`` on a loopback address with a port, and nothing after the port: the
+    harness sends network traffic only to this machine, and adds each route (``/v1/completions``,
+    ``/health``) to the server's base URL itself."""
     try:
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -181,6 +182,12 @@ def _loopback_url(url: str) -> str:
         raise ValueError(
             f"endpoint {url!r} is not on loopback: the harness sends network traffic only to this machine "
             "(127.0.0.1, ::1, localhost); run the server here, or forward a loopback port to it"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        base = f"http://{parts.netloc}"
+        raise ValueError(
+            f"endpoint {url!r} is not a server's base URL: drop {url[len(base) :]!r} and give {base} (the "
+            "harness adds /v1/completions, /health and the other routes itself)"
         )
     return url.rstrip("/")
 

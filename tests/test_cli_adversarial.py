@@ -329,13 +329,13 @@ def test_record_targets_each_firing_and_keeps_faults_that_hit_no_rollout_as_they
             "exception": "ConnectionError",
             "when": {"rollouts": [3], "attempts": [0]},
         },
+        {"target": "engine", "kind": "kill", "server": 1, "after_requests": 3},
         {
             "target": "network",
             "kind": "reset_peer",
             "link": "engine",
             "when": {"rollouts": [2], "attempts": [0], "turns": [0]},
         },
-        {"target": "engine", "kind": "kill", "server": 1, "after_requests": 3},
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.json", "recorded.yaml"]
 

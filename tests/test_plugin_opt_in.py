@@ -63,3 +63,23 @@ def test_a_project_that_opted_in_gets_each_scenarios_yaml_file_as_one_item(
 
     # No -p: the entry point loaded the plugin, as in every project that installs gym-resilience.
     assert sorted(collected(project, *args)) == ["scenarios/foo.yaml::foo", "test_ok.py::test_ok"]
+
+
+def test_a_folder_named_scenarios_above_the_project_does_not_make_its_yaml_scenarios(tmp_path: Path) -> None:
+    # A checkout inside ~/scenarios/: only the project's own scenarios/ folder holds scenario files.
+    project = tmp_path / "scenarios" / "proj"
+    project.mkdir(parents=True)
+    foreign_project(project, "[pytest]\ngym_resilience_scenarios = true\n")
+    (project / "configs").mkdir()
+    (project / "configs" / "train.yaml").write_text(FOREIGN_YAML, encoding="utf-8")
+
+    assert sorted(collected(project)) == ["scenarios/foo.yaml::foo", "test_ok.py::test_ok"]
+
+
+def test_a_scenarios_folder_that_is_pytests_rootdir_is_the_projects(tmp_path: Path) -> None:
+    # No configuration file, run inside the folder: pytest's rootdir is scenarios itself.
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (scenarios / "foo.yaml").write_text(FOREIGN_YAML, encoding="utf-8")
+
+    assert collected(scenarios, "-o", "gym_resilience_scenarios=true") == ["foo.yaml::foo"]

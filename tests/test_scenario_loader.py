@@ -60,6 +60,11 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
         "network traffic only to this machine (127.0.0.1, ::1, localhost); run the server here, or forward "
         "a loopback port to it"
     ),
+    "endpoint_with_a_path.yaml": (
+        ":5 at engine.endpoints[0]: endpoint 'http://127.0.0.1:8000/v1' is not a server's base URL: drop "
+        "'/v1' and give http://127.0.0.1:8000 (the harness adds /v1/completions, /health and the other "
+        "routes itself)"
+    ),
     "env_factory_misspelled.yaml": (
         ":4 at batch.env: module 'invalid_user_parts' has no attribute 'make_evn'; did you mean 'make_env'?"
     ),
@@ -130,6 +135,11 @@ EXPECTED_ERRORS: dict[str, str | list[str]] = {
     "pipeline_exits_on_import.yaml": (
         ":2 at pipeline: importing module 'exits_on_import' raised SystemExit: exits_on_import refuses "
         "to be imported"
+    ),
+    "pipeline_metrics_probe.yaml": (
+        ":6 at probes[1].probe: probe 'metrics.rollout_errors' reads BatchRunner's metrics, and a user "
+        "pipeline runs instead, which gives none; remove pipeline to test BatchRunner, or probe the batch "
+        "itself (batch_size, placeholders, envs_unclosed, ...)"
     ),
     "pipeline_hang_and_interrupt.yaml": [
         (
@@ -1165,7 +1175,11 @@ def test_the_readme_probe_table_is_the_probe_registry_row_for_row() -> None:
         (
             "`metrics.<key>`",
             "the runner metric `<key>` of the faulted run, e.g. "
-            "`metrics.rollout_errors/type/EnvTimeoutError`",
+            "`metrics.rollout_errors/type/EnvTimeoutError`; a count the runner leaves out when it is zero "
+            "(`retries`, `retries/rollouts`, `retries/succeeded`, `retries/exhausted`, "
+            "`rollout_errors/type/<name>`, `rollout_errors/cause/<name>`, `rollout_errors/phase/<name>`) "
+            "reads 0 once `BatchRunner` finished the batch. Not with a `pipeline`, which gives no runner "
+            "metrics",
         ),
     ]
 
@@ -1186,6 +1200,24 @@ def test_an_openai_engine_takes_loopback_endpoints_that_engine_link_faults_count
         "OpenAI endpoints http://127.0.0.1:8000, http://localhost:8001 serving the bundled tiny model; "
         "env word_game, 8 tasks; BatchRunner; 1 fault, 0 probes"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "drop", "base"),
+    [
+        ("http://127.0.0.1:8000/v1", "/v1", "http://127.0.0.1:8000"),
+        ("http://localhost:8001/v1/", "/v1/", "http://localhost:8001"),
+        ("http://[::1]:8002/api/v1", "/api/v1", "http://[::1]:8002"),
+        ("http://127.0.0.1:8003?model=x", "?model=x", "http://127.0.0.1:8003"),
+    ],
+)
+def test_an_endpoint_is_the_servers_base_url_without_a_path(url: str, drop: str, base: str) -> None:
+    # The harness adds /v1/completions and /health itself: with /v1 given, every request would be a 404.
+    text = f"title: t\nengine: {{kind: openai, endpoints: ['{url}']}}\n"
+    assert [str(problem) for problem in check_text(text, file="s.yaml").problems] == [
+        f"s.yaml:2 at engine.endpoints[0]: endpoint {url!r} is not a server's base URL: drop {drop!r} and "
+        f"give {base} (the harness adds /v1/completions, /health and the other routes itself)"
+    ]
 
 
 def test_every_engine_field_that_does_not_fit_its_kind_is_reported_at_its_line() -> None:

@@ -406,8 +406,6 @@ def test_the_users_env_tasks_model_and_pipeline_are_faulted_and_every_report_agr
     spec = yaml.safe_load(recorded.read_text())
     assert spec["model"] == str(tmp_path / "scenarios" / "model")
     assert spec["python_path"] == [str(tmp_path / "scenarios")]
-    assert [fault["when"] for fault in spec["faults"]] == [
-        {"rollouts": [1], "attempts": [0], "turns": [0]},
-        {"rollouts": [4], "attempts": [0], "turns": [0]},
-    ]
+    # The fault fired where its targeting says, on every run: it is replayed as it was.
+    assert [fault["when"] for fault in spec["faults"]] == [{"rollouts": [1, 4], "turns": [0]}]
     assert load_scenario(recorded).env_factory is not None
