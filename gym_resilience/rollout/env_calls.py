@@ -230,18 +230,23 @@ async def open_env(
     try:
         await opened
     except asyncio.CancelledError as cancelled:
-        if build.abandon():
-            # Handed over already: none of the env's code is left to run before it arrives, so it is
-            # waited for however long the hand-over takes (on a busy machine, past close_timeout_s).
-            await wait_through_cancellation(opening)
-        elif not await late.wait(opening):
+        try:
+            if build.abandon():
+                # Handed over already: none of the env's code is left to run before it arrives, so it is
+                # waited for however long the hand-over takes (on a busy machine, past close_timeout_s).
+                await wait_through_cancellation(opening)
+            else:
+                await late.wait(opening)
+        except asyncio.CancelledError:
+            pass  # cancelled once more while waiting (a deadline on top of a sibling's failure): the
+            # build's outcome is still this rollout's to take care of, and ``cancelled`` goes on below
+        if not opening.done():
             cancelled.add_note(
                 f"its env was still being built or reset when the rollout stopped waiting after "
                 f"{late.timeout_s:g} s: the thread doing it closes the env when that call returns"
             )
-            raise
-        if not opening.cancelled() and opening.exception() is None:
-            # Handed over just before the rollout gave up on it.
+        elif not opening.cancelled() and opening.exception() is None:
+            # Handed over before the rollout gave up on it.
             await close_after_failure(opening.result()[0], call, cancelled, late)
         raise
     return opening.result()

@@ -227,3 +227,31 @@ async def test_an_env_handed_over_as_its_rollout_gives_up_is_closed_however_late
         await batch
     assert await eventually(lambda: counts.open == 0), f"envs left open: {counts}"
     assert counts.closed_more_than_once() == 0
+
+
+async def test_a_rollout_cancelled_again_while_it_waits_for_its_env_still_closes_the_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sibling's failure cancels the rollout, and its deadline cancels it once more while it waits for
+    the env its thread is handing over: the env is still closed (the second cancellation used to skip
+    the close)."""
+    from gym_resilience.rollout import EnvPool
+
+    hand_over = EnvPool._hand_over
+    held: list[object] = []
+
+    def held_hand_over(self: EnvPool, outcome: Any, *, last: bool) -> Any:
+        held.append(outcome)
+        time.sleep(0.5)  # the thread, descheduled right after the call returned
+        return hand_over(self, outcome, last=last)
+
+    monkeypatch.setattr(EnvPool, "_hand_over", held_hand_over)
+    counts = EnvCounts()
+    config = RunnerConfig(close_timeout_s=0.05, rollout_timeout_s=0.3)
+    batch = asyncio.create_task(BatchRunner(ScriptedEngine(), factory(counts), config).generate(tasks(4)))
+    assert await eventually(lambda: len(held) == 4)  # built and reset, their hand-overs held
+    batch.cancel()  # first cancellation; each rollout's deadline fires while it waits for its env
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert await eventually(lambda: counts.open == 0), f"envs left open: {counts}"
+    assert counts.closed_more_than_once() == 0
