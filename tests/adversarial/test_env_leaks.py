@@ -207,17 +207,7 @@ async def test_an_env_handed_over_as_its_rollout_gives_up_is_closed_however_late
     """On a busy machine the thread that built an env can be held between handing it over and the event
     loop seeing it for longer than close_timeout_s. A rollout cancelled in that window still closes it:
     the thread will not, since it handed the env over."""
-    from gym_resilience.rollout import EnvPool
-
-    hand_over = EnvPool._hand_over
-    held: list[object] = []
-
-    def held_hand_over(self: EnvPool, outcome: Any, *, last: bool) -> Any:
-        held.append(outcome)
-        time.sleep(0.3)  # the thread, descheduled right after the call returned
-        return hand_over(self, outcome, last=last)
-
-    monkeypatch.setattr(EnvPool, "_hand_over", held_hand_over)
+    held = hold_hand_overs(monkeypatch, 0.3)
     counts = EnvCounts()
     runner = BatchRunner(ScriptedEngine(), factory(counts), RunnerConfig(close_timeout_s=0.05))
     batch = asyncio.create_task(runner.generate(tasks(4)))
@@ -235,17 +225,7 @@ async def test_a_rollout_cancelled_again_while_it_waits_for_its_env_still_closes
     """A sibling's failure cancels the rollout, and its deadline cancels it once more while it waits for
     the env its thread is handing over: the env is still closed (the second cancellation used to skip
     the close)."""
-    from gym_resilience.rollout import EnvPool
-
-    hand_over = EnvPool._hand_over
-    held: list[object] = []
-
-    def held_hand_over(self: EnvPool, outcome: Any, *, last: bool) -> Any:
-        held.append(outcome)
-        time.sleep(0.5)  # the thread, descheduled right after the call returned
-        return hand_over(self, outcome, last=last)
-
-    monkeypatch.setattr(EnvPool, "_hand_over", held_hand_over)
+    held = hold_hand_overs(monkeypatch, 0.5)
     counts = EnvCounts()
     config = RunnerConfig(close_timeout_s=0.05, rollout_timeout_s=0.3)
     batch = asyncio.create_task(BatchRunner(ScriptedEngine(), factory(counts), config).generate(tasks(4)))
@@ -255,3 +235,20 @@ async def test_a_rollout_cancelled_again_while_it_waits_for_its_env_still_closes
         await batch
     assert await eventually(lambda: counts.open == 0), f"envs left open: {counts}"
     assert counts.closed_more_than_once() == 0
+
+
+def hold_hand_overs(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[object]:
+    """Hold every pool thread ``seconds`` between a call's return and its hand-over to the event loop, as
+    a thread descheduled right after the call would be; the outcomes held so far."""
+    from gym_resilience.rollout import EnvPool
+
+    hand_over = EnvPool._hand_over
+    held: list[object] = []
+
+    def held_hand_over(self: EnvPool, outcome: Any, *, last: bool) -> Any:
+        held.append(outcome)
+        time.sleep(seconds)
+        return hand_over(self, outcome, last=last)
+
+    monkeypatch.setattr(EnvPool, "_hand_over", held_hand_over)
+    return held
