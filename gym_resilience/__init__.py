@@ -35,7 +35,7 @@ from gym_resilience.errors import (
 )
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.rollout import Progress, current_rollout, rollout_headers
-from gym_resilience.runner import BatchResult, BatchRunner
+from gym_resilience.runner import AttemptRecord, BatchResult, BatchRunner
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     ROLLOUT_ERROR_STOP_REASON,
@@ -54,6 +54,7 @@ __all__ = [
     "ROLLOUT_ERROR_STOP_REASON",
     "AllRolloutsFailedError",
     "AnyTrajectory",
+    "AttemptRecord",
     "BatchOutput",
     "BatchResult",
     "BatchRunner",

@@ -32,13 +32,17 @@ def make_env(
     env_factory: EnvFactory, task: Task, config: RunnerConfig, abort: StartAbort | None = None
 ) -> ResilientEnv[Any, Any]:
     """The env of one rollout, wrapped, where ``config.env_backend`` says; ``abort`` can kill a worker
-    process or actor while it starts."""
+    process or actor while it starts.
+
+    The wrappers made here leave a failed env open (``close_on_error=False``): the rollout closes it in
+    its teardown, under ``close_timeout_s``, so the close is never part of the failed call (and of the
+    rollout's deadline)."""
     if config.env_backend == "thread":
         raw = env_factory(task)
         if isinstance(raw, ResilientEnv):
             return raw
         try:
-            return ResilientEnv(raw)
+            return ResilientEnv(raw, close_on_error=False)
         except BaseException as exc:  # not an env ResilientEnv can wrap: what the factory built is closed
             close = getattr(raw, "close", None)
             if callable(close):
@@ -64,4 +68,4 @@ def make_env(
         from gym_resilience.ray_env import RayEnv  # imports ray only when it is used
 
         worker = RayEnv(env_fn, actor_options=config.env_actor_options, **deadlines)
-    return ResilientEnv(worker)
+    return ResilientEnv(worker, close_on_error=False)

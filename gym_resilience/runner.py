@@ -11,8 +11,8 @@ import asyncio
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import tenacity
@@ -24,8 +24,9 @@ from gym_resilience.env_backends import EnvFactory
 from gym_resilience.errors import (
     AllRolloutsFailedError,
     FailureBudgetExceededError,
-    RolloutTimeoutError,
+    Phase,
     UnsupportedConfigError,
+    describe_exception,
 )
 from gym_resilience.metrics import (
     batch_metrics,
@@ -55,7 +56,7 @@ from gym_resilience.trajectories import (
     build_batch_output,
 )
 
-__all__ = ["BatchResult", "BatchRunner"]
+__all__ = ["AttemptRecord", "BatchResult", "BatchRunner"]
 
 Outcome = AnyTrajectory | FailedRollout
 
@@ -64,7 +65,8 @@ Outcome = AnyTrajectory | FailedRollout
 class BatchResult:
     """A finished batch: one trajectory per task x sample in task order, its columns, its metrics.
 
-    ``failures`` lists the rollouts that placeholders stand in for (empty without the flag).
+    ``failures`` lists the rollouts that placeholders stand in for (empty without the flag); ``attempts``
+    every attempt of every rollout, retried ones and failed ones included, in rollout and attempt order.
     ``trajectories`` and ``output`` agree row for row: post-processing (``zero_reward_on_non_stop``,
     ``apply_overlong_filtering``) edits both, and they share no lists.
     """
@@ -73,6 +75,24 @@ class BatchResult:
     output: BatchOutput
     metrics: dict[str, float]
     failures: list[FailedRollout]
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt at one rollout, as the runner saw it: where its env ran and how the attempt ended.
+
+    ``node_id`` is the Ray node of the env's actor (``env_backend="ray"``), None elsewhere or when the env
+    was lost before its node was known; ``error`` is ``"Type: message"`` of what the attempt raised, None
+    if it returned a trajectory; ``phase`` is where it ended.
+    """
+
+    rollout_index: int
+    attempt: int
+    node_id: str | None
+    phase: Phase
+    elapsed_s: float
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +136,12 @@ class BatchRunner:
 
             check_ray_installed()
 
-    def _jobs(self, tasks: Sequence[Task]) -> list[_Job]:
+    def _jobs(self, tasks: Iterable[Task]) -> list[_Job]:
+        if isinstance(tasks, Task | str | bytes | Mapping) or not isinstance(tasks, Iterable):
+            raise TypeError(
+                f"generate() takes an iterable of gym_resilience.Task, not a {type(tasks).__name__}"
+            )
+        tasks = list(tasks)  # read once: an iterator or a generator has nothing left for a second pass
         if not tasks:
             raise UnsupportedConfigError("generate() needs at least one task", option="tasks")
         for index, task in enumerate(tasks):
@@ -132,8 +157,11 @@ class BatchRunner:
         pairs = [(task, repetition) for task in tasks for repetition in repetitions]
         return [_Job(i, task, TrajectoryId(task.instance_id, rep)) for i, (task, rep) in enumerate(pairs)]
 
-    async def generate(self, tasks: Sequence[Task]) -> BatchResult:
+    async def generate(self, tasks: Iterable[Task]) -> BatchResult:
         """Run every task ``n_samples_per_prompt`` times and return the batch.
+
+        ``tasks`` is any iterable of ``Task`` (a list, a tuple, a generator), read once, before any env
+        is built; an empty one is refused.
 
         Raises:
             AllRolloutsFailedError: every rollout failed (``__cause__`` is the first failure).
@@ -182,7 +210,8 @@ class BatchRunner:
         metrics.update(reward_metrics(output))
         output.rollout_metrics = dict(metrics)
         log_batch_summary(metrics)
-        return BatchResult(trajectories=trajectories, output=output, metrics=metrics, failures=failures)
+        attempts = sorted(batch.attempt_log, key=lambda record: (record.rollout_index, record.attempt))
+        return BatchResult(trajectories, output, metrics, failures, attempts)
 
 
 class _Supervisor:
@@ -264,6 +293,7 @@ class _Batch:
         self.late = LateCloses(self.config.close_timeout_s)
         self.start_line = start_line
         self.attempts: dict[int, int] = {}
+        self.attempt_log: list[AttemptRecord] = []
 
     def _context(self, job: _Job, attempt: int = 0) -> RolloutContext:
         return RolloutContext(
@@ -320,32 +350,33 @@ class _Batch:
         return policy.async_retrying(before_sleep=count)
 
     async def _attempt(self, context: RolloutContext) -> AnyTrajectory:
-        """One attempt at a rollout, from a fresh env, under the rollout deadline; one that fails before
+        """One attempt at a rollout, from a fresh env, recorded in ``attempts``; one that fails before
         the start line holds the rollouts waiting there no more."""
-        timeout_s = self.config.rollout_timeout_s
-        deadline: asyncio.Timeout | None = None
         try:
-            if timeout_s is None:  # no deadline to keep: spare the cost of a timeout scope
-                return await run_agent_loop(context)
-            async with asyncio.timeout(timeout_s) as deadline:
-                return await run_agent_loop(context)
-        except TimeoutError as timeout:
-            if deadline is None or not deadline.expired():
-                raise
-            progress = context.progress
-            error = RolloutTimeoutError(
-                rollout_index=context.index,
-                phase=progress.phase,
-                turn=progress.turn,
-                elapsed_s=progress.elapsed(),
-                timeout_s=timeout_s or 0.0,
-            )
-            # What teardown noted on the cancellation the deadline caused (an env left to its thread).
-            for note in getattr(timeout.__context__, "__notes__", ()):
-                error.add_note(note)
-            raise error from None
+            trajectory = await run_agent_loop(context)
+        except Exception as exc:
+            self.attempt_log.append(_attempt_record(context.progress, exc))
+            raise
         finally:
             self.start_line.leave(context.index)
+        self.attempt_log.append(_attempt_record(context.progress, None))
+        return trajectory
+
+
+def _attempt_record(progress: Progress, error: Exception | None) -> AttemptRecord:
+    node_id = progress.node_id
+    cause: BaseException | None = error
+    while node_id is None and cause is not None:  # an env lost while starting names its node, if known
+        node_id = getattr(cause, "node_id", None)
+        cause = cause.__cause__
+    return AttemptRecord(
+        rollout_index=progress.rollout_index,
+        attempt=progress.attempt,
+        node_id=node_id if isinstance(node_id, str) else None,
+        phase=progress.phase,
+        elapsed_s=progress.elapsed(),
+        error=None if error is None else describe_exception(error),
+    )
 
 
 def check_failures(failures: list[FailedRollout], *, total: int, max_failed_fraction: float | None) -> None:

@@ -67,7 +67,7 @@ _MAX_SHOWN: Final = 60
 # Helpers.
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     text = repr(value)
     if len(text) > _MAX_SHOWN:
         text = text[: _MAX_SHOWN - 3] + "..."
@@ -128,7 +128,7 @@ def _first_bad(values: list[Any], is_good: Callable[[Any], bool]) -> int | None:
     return None
 
 
-def _first_bad_token(ids: list[Any]) -> int | None:
+def first_bad_token(ids: list[Any]) -> int | None:
     if not ids or (set(map(type, ids)) == {int} and min(ids) >= 0):
         return None
     return _first_bad(ids, _is_token_id)
@@ -141,7 +141,7 @@ def _first_bad_mask_value(mask: list[Any]) -> int | None:
     return _first_bad(mask, _is_mask_value)
 
 
-def _first_bad_number(values: list[Any], *, at_most_zero: bool = False) -> int | None:
+def first_bad_number(values: list[Any], *, at_most_zero: bool = False) -> int | None:
     if not values:
         return None
     try:
@@ -188,7 +188,7 @@ def check_columns_are_lists(output: BatchOutput) -> list[str]:
         if name in OPTIONAL_COLUMNS and column is None:
             continue
         if not isinstance(column, list):
-            problems.append(f"batch: {name} is {_show(column)}, expected a list")
+            problems.append(f"batch: {name} is {show(column)}, expected a list")
     return problems
 
 
@@ -237,7 +237,7 @@ def check_all_or_no_trajectory_level_rewards(output: BatchOutput) -> list[str]:
 def check_rows_are_lists(output: BatchOutput) -> list[str]:
     """Rows of ``prompt_token_ids``, ``response_ids``, ``loss_masks`` and ``rollout_logprobs`` are lists."""
     return [
-        f"sample {index}: {name} is {_show(row)}, expected a list"
+        f"sample {index}: {name} is {show(row)}, expected a list"
         for name in _NESTED_COLUMNS
         for index, row in enumerate(_column(output, name))
         if not isinstance(row, list)
@@ -293,11 +293,10 @@ def check_token_ids(output: BatchOutput) -> list[str]:
     problems = []
     for name in ("prompt_token_ids", "response_ids"):
         for index, row in _lists(output, name):
-            bad = _first_bad_token(row)
+            bad = first_bad_token(row)
             if bad is not None:
                 problems.append(
-                    f"sample {index}: {name}[{bad}] is {_show(row[bad])}, "
-                    "expected a non-negative int token id"
+                    f"sample {index}: {name}[{bad}] is {show(row[bad])}, expected a non-negative int token id"
                 )
     return problems
 
@@ -308,7 +307,7 @@ def check_loss_mask_values(output: BatchOutput) -> list[str]:
     for index, mask in _lists(output, "loss_masks"):
         bad = _first_bad_mask_value(mask)
         if bad is not None:
-            problems.append(f"sample {index}: loss_masks[{bad}] is {_show(mask[bad])}, expected 0 or 1 (int)")
+            problems.append(f"sample {index}: loss_masks[{bad}] is {show(mask[bad])}, expected 0 or 1 (int)")
     return problems
 
 
@@ -317,17 +316,17 @@ def check_reward_values(output: BatchOutput) -> list[str]:
     problems = []
     for index, reward in enumerate(_column(output, "rewards")):
         if isinstance(reward, list):
-            bad = _first_bad_number(reward)
+            bad = first_bad_number(reward)
             if bad is not None:
                 problems.append(
-                    f"sample {index}: rewards[{bad}] is {_show(reward[bad])}, expected a finite number"
+                    f"sample {index}: rewards[{bad}] is {show(reward[bad])}, expected a finite number"
                 )
         elif not _is_real(reward):
             problems.append(
-                f"sample {index}: rewards is {_show(reward)}, expected a finite number or a list of them"
+                f"sample {index}: rewards is {show(reward)}, expected a finite number or a list of them"
             )
         elif not _is_finite_real(reward):
-            problems.append(f"sample {index}: rewards is {_show(reward)}, expected a finite number")
+            problems.append(f"sample {index}: rewards is {show(reward)}, expected a finite number")
     return problems
 
 
@@ -335,10 +334,10 @@ def check_logprob_values(output: BatchOutput) -> list[str]:
     """Rollout logprobs are finite numbers <= 0."""
     problems = []
     for index, logprobs in _lists(output, "rollout_logprobs"):
-        bad = _first_bad_number(logprobs, at_most_zero=True)
+        bad = first_bad_number(logprobs, at_most_zero=True)
         if bad is not None:
             problems.append(
-                f"sample {index}: rollout_logprobs[{bad}] is {_show(logprobs[bad])}, "
+                f"sample {index}: rollout_logprobs[{bad}] is {show(logprobs[bad])}, "
                 "expected a finite number <= 0"
             )
     return problems
@@ -347,7 +346,7 @@ def check_logprob_values(output: BatchOutput) -> list[str]:
 def check_stop_reason_types(output: BatchOutput) -> list[str]:
     """Stop reasons are strings."""
     return [
-        f"sample {index}: stop_reasons is {_show(reason)}, expected a str"
+        f"sample {index}: stop_reasons is {show(reason)}, expected a str"
         for index, reason in enumerate(_column(output, "stop_reasons"))
         if not isinstance(reason, str)
     ]
@@ -356,7 +355,7 @@ def check_stop_reason_types(output: BatchOutput) -> list[str]:
 def check_is_placeholder_types(output: BatchOutput) -> list[str]:
     """``is_placeholder`` holds real bools."""
     return [
-        f"sample {index}: is_placeholder is {_show(flag)}, expected a bool"
+        f"sample {index}: is_placeholder is {show(flag)}, expected a bool"
         for index, flag in enumerate(_column(output, "is_placeholder"))
         if not isinstance(flag, bool)
     ]
@@ -368,13 +367,11 @@ def check_trajectory_id_types(output: BatchOutput) -> list[str]:
     problems = []
     for index, tid in enumerate(_column(output, "trajectory_ids")):
         if tid is not None and not isinstance(tid, TrajectoryId):
-            problems.append(
-                f"sample {index}: trajectory_ids is {_show(tid)}, expected a TrajectoryId or None"
-            )
+            problems.append(f"sample {index}: trajectory_ids is {show(tid)}, expected a TrajectoryId or None")
         elif tid is not None and not _is_well_formed(tid):
             problems.append(
-                f"sample {index}: trajectory_ids has instance_id {_show(tid.instance_id)} and repetition "
-                f"{_show(tid.repetition)}, expected a str and an int"
+                f"sample {index}: trajectory_ids has instance_id {show(tid.instance_id)} and repetition "
+                f"{show(tid.repetition)}, expected a str and an int"
             )
     return problems
 
@@ -389,7 +386,7 @@ def _is_well_formed(tid: TrajectoryId) -> bool:
 def check_generation_times(output: BatchOutput) -> list[str]:
     """Generation times (when the column exists) are finite numbers >= 0."""
     return [
-        f"sample {index}: trajectory_generation_times is {_show(seconds)}, expected a finite number >= 0"
+        f"sample {index}: trajectory_generation_times is {show(seconds)}, expected a finite number >= 0"
         for index, seconds in enumerate(_column(output, "trajectory_generation_times"))
         if not (_is_finite_real(seconds) and seconds >= 0)
     ]
@@ -398,7 +395,7 @@ def check_generation_times(output: BatchOutput) -> list[str]:
 def check_env_metrics_rows(output: BatchOutput) -> list[str]:
     """Rows of ``env_metrics`` (when the column exists) are dicts."""
     return [
-        f"sample {index}: env_metrics is {_show(row)}, expected a dict"
+        f"sample {index}: env_metrics is {show(row)}, expected a dict"
         for index, row in enumerate(_column(output, "env_metrics"))
         if not isinstance(row, Mapping)
     ]
@@ -410,18 +407,18 @@ def check_time_splits(output: BatchOutput) -> list[str]:
     if splits is None:
         return []
     if not isinstance(splits, Mapping):
-        return [f"batch: trajectory_time_splits is {_show(splits)}, expected a dict of lists or None"]
+        return [f"batch: trajectory_time_splits is {show(splits)}, expected a dict of lists or None"]
     size = _batch_size(output)
     problems = []
     for name, times in splits.items():
         where = f"trajectory_time_splits[{name!r}]"
         if not isinstance(times, list):
-            problems.append(f"batch: {where} is {_show(times)}, expected a list")
+            problems.append(f"batch: {where} is {show(times)}, expected a list")
             continue
         if size is not None and len(times) != size:
             problems.append(f"batch: {where} has {len(times)} rows but response_ids has {size}")
         problems.extend(
-            f"sample {index}: {where} is {_show(seconds)}, expected a finite number >= 0"
+            f"sample {index}: {where} is {show(seconds)}, expected a finite number >= 0"
             for index, seconds in enumerate(times)
             if not (_is_finite_real(seconds) and seconds >= 0)
         )
@@ -456,7 +453,7 @@ def check_placeholder_loss_masks(output: BatchOutput) -> list[str]:
     """A placeholder's loss mask is ``[0]``: nothing of it is trained on."""
     masks = _column(output, "loss_masks")
     return [
-        f"sample {index}: loss_masks of a placeholder is {_show(masks[index])}, expected [0]"
+        f"sample {index}: loss_masks of a placeholder is {show(masks[index])}, expected [0]"
         for index in _placeholder_rows(output)
         if index < len(masks) and not _equals(masks[index], [0])
     ]
@@ -466,7 +463,7 @@ def check_placeholder_rewards(output: BatchOutput) -> list[str]:
     """A placeholder's reward is ``0.0`` (trajectory-level) or ``[0.0]`` (token-level)."""
     rewards = _column(output, "rewards")
     return [
-        f"sample {index}: rewards of a placeholder is {_show(rewards[index])}, expected 0.0 or [0.0]"
+        f"sample {index}: rewards of a placeholder is {show(rewards[index])}, expected 0.0 or [0.0]"
         for index in _placeholder_rows(output)
         if index < len(rewards) and not (_equals(rewards[index], 0.0) or _equals(rewards[index], [0.0]))
     ]
@@ -476,7 +473,7 @@ def check_placeholder_stop_reasons(output: BatchOutput) -> list[str]:
     """A placeholder stops with ``"rollout_error"``."""
     reasons = _column(output, "stop_reasons")
     return [
-        f"sample {index}: stop_reasons of a placeholder is {_show(reasons[index])}, "
+        f"sample {index}: stop_reasons of a placeholder is {show(reasons[index])}, "
         f"expected {ROLLOUT_ERROR_STOP_REASON!r}"
         for index in _placeholder_rows(output)
         if index < len(reasons) and not _equals(reasons[index], ROLLOUT_ERROR_STOP_REASON)
@@ -487,7 +484,7 @@ def check_placeholder_logprobs(output: BatchOutput) -> list[str]:
     """A placeholder's logprobs are ``[0.0]`` when the batch has logprobs."""
     logprobs = _column(output, "rollout_logprobs")
     return [
-        f"sample {index}: rollout_logprobs of a placeholder is {_show(logprobs[index])}, expected [0.0]"
+        f"sample {index}: rollout_logprobs of a placeholder is {show(logprobs[index])}, expected [0.0]"
         for index in _placeholder_rows(output)
         if index < len(logprobs) and not _equals(logprobs[index], [0.0])
     ]
@@ -498,7 +495,7 @@ def check_rollout_errors_are_placeholders(output: BatchOutput) -> list[str]:
     flags = _column(output, "is_placeholder")
     return [
         f"sample {index}: stop_reasons is {ROLLOUT_ERROR_STOP_REASON!r} but is_placeholder is "
-        f"{_show(flags[index])}; only a placeholder may stop with {ROLLOUT_ERROR_STOP_REASON!r}"
+        f"{show(flags[index])}; only a placeholder may stop with {ROLLOUT_ERROR_STOP_REASON!r}"
         for index, reason in enumerate(_column(output, "stop_reasons"))
         if _equals(reason, ROLLOUT_ERROR_STOP_REASON) and index < len(flags) and flags[index] is not True
     ]
@@ -517,7 +514,7 @@ def check_is_last_step_present(output: BatchOutput) -> list[str]:
 def check_is_last_step_types(output: BatchOutput) -> list[str]:
     """``is_last_step`` holds real bools, not ints."""
     return [
-        f"sample {index}: is_last_step is {_show(flag)}, expected a bool"
+        f"sample {index}: is_last_step is {show(flag)}, expected a bool"
         for index, flag in enumerate(_column(output, "is_last_step"))
         if not isinstance(flag, bool)
     ]

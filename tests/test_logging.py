@@ -155,7 +155,7 @@ async def test_a_close_failure_after_a_failed_rollout_still_goes_with_the_failur
     assert result.trajectories[1].is_placeholder
     [failure] = result.failures
     assert isinstance(failure.exception.__cause__, ValueError)
-    # ResilientEnv closed the env as the step failed; the close failure is a note on that failure.
-    assert failure.exception.__notes__ == ["env close failed: OSError: sandbox teardown failed"]
+    # The rollout closed the env after the step failed; the close failure is a note on that failure.
+    assert failure.exception.__notes__ == ["closing the env also failed: OSError: sandbox teardown failed"]
     assert result.metrics["env_close_errors"] == 0.0
     assert ledger.open == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import time
 from typing import Any
@@ -723,3 +724,98 @@ async def test_an_engine_without_a_logprob_per_token_fails_the_rollout_when_the_
     error = info.value.exceptions[0]
     assert isinstance(error, EngineError)
     assert str(error) == f"ScriptedEngine returned {count} for 2 tokens; logprobs=True needs one per token"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ts: iter(ts),
+        lambda ts: (task for task in ts),
+        tuple,
+        collections.deque,
+    ],
+    ids=["iterator", "generator", "tuple", "deque"],
+)
+async def test_generate_takes_any_iterable_of_tasks_and_reads_it_once(make: Any) -> None:
+    ledger = EnvCounts()
+    config = RunnerConfig(max_turns=2)
+    result = await BatchRunner(ScriptedEngine(), factory(ledger), config).generate(make(tasks(3)))
+    assert [str(t.trajectory_id) for t in result.trajectories] == ["t0_0", "t1_0", "t2_0"]
+    assert ledger.created == 3 and ledger.open == 0
+    validate_batch_output(result.output, num_prompts=3)
+
+
+@pytest.mark.parametrize(
+    "given", [tasks(1)[0], "t0", {"t0": 1}, 3], ids=["one task", "a string", "a mapping", "a number"]
+)
+async def test_generate_refuses_what_is_not_an_iterable_of_tasks_before_building_an_env(given: Any) -> None:
+    ledger = EnvCounts()
+    with pytest.raises(TypeError, match=r"^generate\(\) takes an iterable of gym_resilience.Task, not a "):
+        await BatchRunner(ScriptedEngine(), factory(ledger), RunnerConfig()).generate(given)
+    assert ledger.created == 0
+
+
+async def test_an_empty_iterator_of_tasks_is_refused_as_an_empty_list_is() -> None:
+    with pytest.raises(UnsupportedConfigError, match="generate\\(\\) needs at least one task"):
+        await BatchRunner(ScriptedEngine(), factory(EnvCounts()), RunnerConfig()).generate(iter([]))
+
+
+BAD_GENERATIONS = {
+    "a NaN logprob": ([5, 6], [-0.1, float("nan")], "stop", "logprob nan (float) for token 1"),
+    "a logprob above 0": ([5, 6], [0.5, -0.1], "stop", "logprob 0.5 (float) for token 0"),
+    "an infinite logprob": ([5, 6], [-0.1, float("-inf")], "stop", "logprob -inf (float) for token 1"),
+    "a negative token id": ([5, -1], [-0.1, -0.2], "stop", "token id -1 (int)"),
+    "a bool token id": ([True, 6], [-0.1, -0.2], "stop", "token id True (bool)"),
+    "a float token id": ([5.0, 6], [-0.1, -0.2], "stop", "token id 5.0 (float)"),
+    "no finish reason": ([5, 6], [-0.1, -0.2], None, "finish reason None (NoneType)"),
+}
+
+
+@pytest.mark.parametrize("step_wise", [False, True])
+@pytest.mark.parametrize("bad", BAD_GENERATIONS, ids=list(BAD_GENERATIONS))
+async def test_an_engine_output_the_validator_rejects_fails_that_rollout_alone(
+    bad: str, step_wise: bool
+) -> None:
+    from gym_resilience import EngineError
+    from gym_resilience.engines.base import Generation
+
+    token_ids, logprobs, finish_reason, what = BAD_GENERATIONS[bad]
+
+    def script(prompt_ids: list[int], sampling: Sampling, call_index: int) -> Generation:
+        if call_index == 1:  # one rollout's only turn
+            return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason)  # type: ignore[arg-type]
+        return Generation(token_ids=[7, 8], logprobs=[-0.5, -0.25], finish_reason="stop")
+
+    ledger = EnvCounts()
+    config = RunnerConfig(skip_failed_rollouts=True, logprobs=True, step_wise=step_wise, max_turns=1)
+    result = await BatchRunner(ScriptedEngine(script=script), factory(ledger), config).generate(tasks(3))
+    assert sum(t.is_placeholder for t in result.trajectories) == 1
+    [failure] = result.failures
+    assert isinstance(failure.exception, EngineError) and what in str(failure.exception)
+    validate_batch_output(result.output, num_prompts=3, step_wise=step_wise)
+    assert ledger.open == 0
+
+
+async def test_every_attempt_of_every_rollout_is_recorded_with_how_it_ended() -> None:
+    config = RunnerConfig(
+        skip_failed_rollouts=True,
+        retry=RetryPolicy(attempts=2, retry_on=(ValueError,), initial_delay_s=0.0, jitter_s=0.0),
+    )
+    fault = Fault(instances=frozenset({"t1", "t2"}), phase="reset", attempt=0)
+    always = Fault(instances=frozenset({"t2"}), phase="reset", attempt=1, error=KeyError)
+    result = await BatchRunner(ScriptedEngine(), factory(EnvCounts(), fault, always), config).generate(
+        tasks(3)
+    )
+    records = [(a.rollout_index, a.attempt, a.phase, a.node_id) for a in result.attempts]
+    assert records == [
+        (0, 0, "close", None),
+        (1, 0, "reset", None),
+        (1, 1, "close", None),
+        (2, 0, "reset", None),
+        (2, 1, "reset", None),
+    ]
+    errors = [a.error for a in result.attempts]
+    assert errors[0] is None and errors[2] is None
+    assert errors[1] is not None and errors[1].startswith("EnvResetError")
+    assert errors[4] is not None and errors[4].startswith("EnvResetError")
+    assert all(a.elapsed_s >= 0 for a in result.attempts)

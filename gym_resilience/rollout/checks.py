@@ -9,7 +9,43 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["checked_step", "numeric_info"]
+from gym_resilience.engines.base import Generation
+from gym_resilience.errors import EngineError
+from gym_resilience.validation import first_bad_number, first_bad_token, show
+
+__all__ = ["check_generation", "checked_step", "numeric_info"]
+
+
+def check_generation(engine: object, generation: Generation, *, logprobs: bool) -> None:
+    """Raise ``EngineError`` for a generation the output validator would reject in its row (a token id
+    that is no non-negative int, a finish reason that is no str, and when ``logprobs`` a logprob missing
+    or not a finite number <= 0): it fails its own rollout, not the whole batch at validation."""
+    name = type(engine).__name__
+    ids: Any = generation.token_ids
+    if type(ids) is not list:
+        raise EngineError(f"{name} returned token_ids of type {type(ids).__name__}, expected a list")
+    bad = first_bad_token(ids)
+    if bad is not None:
+        raise EngineError(f"{name} returned token id {show(ids[bad])}, expected a non-negative int")
+    if type(generation.finish_reason) is not str:
+        raise EngineError(f"{name} returned finish reason {show(generation.finish_reason)}, expected a str")
+    if not logprobs:
+        return
+    values: Any = generation.logprobs
+    if type(values) is not list or len(values) != len(ids):
+        count = (
+            "no logprobs"
+            if values is None
+            else f"{len(values)} logprobs"
+            if type(values) is list
+            else f"logprobs {show(values)}"
+        )
+        raise EngineError(f"{name} returned {count} for {len(ids)} tokens; logprobs=True needs one per token")
+    bad = first_bad_number(values, at_most_zero=True)
+    if bad is not None:
+        raise EngineError(
+            f"{name} returned logprob {show(values[bad])} for token {bad}, expected a finite number <= 0"
+        )
 
 
 def checked_step(result: object) -> tuple[object, float, bool, bool, Mapping[str, Any]]:

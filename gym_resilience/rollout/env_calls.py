@@ -16,13 +16,21 @@ from typing import Any, TypeVar
 
 from gym_resilience.cleanup import wait_through_cancellation
 from gym_resilience.env import ResilientEnv
-from gym_resilience.errors import describe_exception
+from gym_resilience.errors import describe_exception, root_cause
 from gym_resilience.isolation import StartAbort
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.worker_env import WorkerEnv
 
-__all__ = ["KILL_GRACE_S", "EnvCalls", "LateCloses", "Outcome", "close_after_failure", "open_env"]
+__all__ = [
+    "KILL_GRACE_S",
+    "EnvCalls",
+    "LateCloses",
+    "Outcome",
+    "close_after_failure",
+    "env_node",
+    "open_env",
+]
 
 T = TypeVar("T")
 
@@ -138,6 +146,13 @@ class EnvCalls:
             return await call
         finally:
             self._progress.env_s += time.perf_counter() - start
+
+
+def env_node(env: ResilientEnv[Any, Any]) -> str | None:
+    """The Ray node an env's actor runs on (None for an env on this machine, or a node not known yet)."""
+    worker = env.unwrapped
+    node = getattr(worker, "node_id", None) if isinstance(worker, WorkerEnv) else None
+    return node if isinstance(node, str) else None
 
 
 def _isolated(env: ResilientEnv[Any, Any]) -> bool:
@@ -273,4 +288,4 @@ async def close_after_failure(
     try:
         closing.result()
     except Exception as close_error:
-        error.add_note(f"closing the env also failed: {describe_exception(close_error)}")
+        error.add_note(f"closing the env also failed: {describe_exception(root_cause(close_error))}")

@@ -8,28 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gym_resilience.engines.base import Generation
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
-    EngineError,
+    EnvTimeoutError,
     RolloutError,
     RolloutTimeoutError,
     describe_exception,
     root_cause,
 )
 from gym_resilience.metrics import log_close_failure
-from gym_resilience.rollout.checks import checked_step, numeric_info
+from gym_resilience.rollout.checks import check_generation, checked_step, numeric_info
 from gym_resilience.rollout.codec import as_messages
 from gym_resilience.rollout.context import RolloutContext
-from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, open_env
+from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, env_node, open_env
 from gym_resilience.rollout.progress import enter_rollout
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory
 
 __all__ = ["run_agent_loop"]
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -72,21 +74,26 @@ def _reward(value: float, length: int, token_level: bool) -> float | list[float]
 async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     """Run one rollout to its end and return its trajectory; the env is closed on every path.
 
-    Teardown waits ``rollout.late.timeout_s`` at most for a step that a thread runs (a build, a close);
-    past it the step is left to that thread, which closes the env when it returns, and counted in
-    ``rollout.late``.
+    ``rollout_timeout_s`` bounds the episode (build, reset, turns); teardown is bounded by
+    ``close_timeout_s`` alone, so the error a failed rollout raises is what failed, never a deadline that
+    passed while its env closed. A finished episode is kept whatever its close does: a close that fails,
+    or is still running after ``close_timeout_s`` (left to its thread, counted in ``rollout.late``), is
+    recorded in the trajectory's ``close_error``.
     """
     progress, late = rollout.progress, rollout.late
     enter_rollout(progress)
     call = EnvCalls(rollout.pool, progress)
     progress.phase = "reset"
     options = {"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt}
+    env: ResilientEnv[Any, Any] | None = None
 
     def reset(env: ResilientEnv[Any, Any]) -> tuple[Any, dict[str, Any]]:
         return env.reset(seed=rollout.seed, options=options)
 
-    env, opened = await open_env(call, rollout.make_env, reset, late)
-    try:
+    async def episode() -> AnyTrajectory:
+        nonlocal env
+        env, opened = await open_env(call, rollout.make_env, reset, late)
+        progress.node_id = env_node(env)
         if opened is None:
             messages, _ = await call(reset, env)
         else:
@@ -98,31 +105,58 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
             rollout.start_line.leave(rollout.index)  # failed before the line: the others go on now
             raise
         prompt_ids = await rollout.start_line.first_prompt(rollout.index, opening)
-        result = await _turns(rollout, env, call, prompt_ids)
+        return await _turns(rollout, env, call, prompt_ids)
+
+    try:
+        result = await _within_rollout_deadline(rollout, episode())
     except BaseException as exc:
-        await close_after_failure(env, call, exc, late)
+        if env is not None:
+            await close_after_failure(env, call, exc, late)
         raise
+    assert env is not None  # the episode returned, so it opened its env
     progress.phase = "close"
     closing = call.close(env)
     # Cancelled here (a sibling failed), the close must still finish: the env would leak otherwise. (Done
     # already, the common case after a last step that queued it, it needs no wait.)
     if not closing.done() and not await late.wait_close(env, closing):
-        raise RolloutTimeoutError(
+        error: BaseException = EnvTimeoutError(operation="close", timeout_s=rollout.config.close_timeout_s)
+    else:
+        try:
+            closing.result()
+            return result
+        except Exception as close_error:
+            error = close_error
+    # The episode is complete, so its trajectory is good data whatever teardown did (SkyRL's generator
+    # keeps it too): the failure is logged and counted in env_close_errors, not raised.
+    result.close_error = describe_exception(root_cause(error))
+    log_close_failure(rollout.index, rollout.trajectory_id, error)
+    return result
+
+
+async def _within_rollout_deadline(rollout: RolloutContext, episode: Coroutine[Any, Any, T]) -> T:
+    """Await ``episode`` under ``rollout_timeout_s``; past it, raise ``RolloutTimeoutError``."""
+    timeout_s = rollout.config.rollout_timeout_s
+    if timeout_s is None:  # no deadline to keep: spare the cost of a timeout scope
+        return await episode
+    deadline: asyncio.Timeout | None = None
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            return await episode
+    except TimeoutError as timeout:
+        if deadline is None or not deadline.expired():
+            raise
+        progress = rollout.progress
+        error = RolloutTimeoutError(
             rollout_index=rollout.index,
-            phase="close",
+            phase=progress.phase,
             turn=progress.turn,
             elapsed_s=progress.elapsed(),
-            timeout_s=rollout.config.close_timeout_s,
-            what="env close",
+            timeout_s=timeout_s,
         )
-    try:
-        closing.result()
-    except Exception as error:
-        # The episode is complete, so its trajectory is good data whatever teardown did (SkyRL's
-        # generator keeps it too): the failure is logged and counted in env_close_errors, not raised.
-        result.close_error = describe_exception(root_cause(error))
-        log_close_failure(rollout.index, rollout.trajectory_id, error)
-    return result
+        # What the episode's own teardown noted on the cancellation (an env left to its building thread).
+        for note in getattr(timeout.__context__, "__notes__", ()):
+            error.add_note(note)
+        raise error from None
 
 
 async def _turns(
@@ -140,8 +174,7 @@ async def _turns(
             record.stop_reason = "length"
             break
         generation = await _generate(rollout, input_ids)
-        if config.logprobs:
-            _check_logprobs(rollout, generation)
+        check_generation(rollout.engine, generation, logprobs=config.logprobs)
         # No tokens would make a trajectory with no response at the first turn, or, step-wise, a step
         # with none (an abort records no step: it ends the rollout with the steps before it).
         aborted = generation.finish_reason == "abort"
@@ -180,17 +213,6 @@ async def _turns(
             record.add_env_tokens([codec.eos_token_id])
         record.add_env_tokens(await codec.encode_observation(as_messages(observation)))
     return _finish(record, rollout)
-
-
-def _check_logprobs(rollout: RolloutContext, generation: Generation) -> None:
-    """A batch that records logprobs needs one per generated token: none made up, none missing."""
-    logprobs = generation.logprobs
-    if logprobs is None or len(logprobs) != len(generation.token_ids):
-        count = "no logprobs" if logprobs is None else f"{len(logprobs)} logprobs"
-        raise EngineError(
-            f"{type(rollout.engine).__name__} returned {count} for {len(generation.token_ids)} tokens; "
-            "logprobs=True needs one per token"
-        )
 
 
 def _no_response(rollout: RolloutContext, why: str) -> RolloutError:

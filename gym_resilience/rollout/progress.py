@@ -16,7 +16,8 @@ __all__ = ["Progress", "current_rollout", "rollout_headers"]
 class Progress:
     """Where a rollout is, so a failure can say so: phase, turn, and time spent per side.
 
-    ``attempt`` counts from 0; a retried rollout starts again with a fresh ``Progress``.
+    ``attempt`` counts from 0; a retried rollout starts again with a fresh ``Progress``. ``node_id`` is
+    the Ray node its env runs on, once the env is built (None for envs on this machine).
     """
 
     rollout_index: int
@@ -26,6 +27,7 @@ class Progress:
     started: float = field(default_factory=time.perf_counter)
     llm_s: float = 0.0
     env_s: float = 0.0
+    node_id: str | None = None
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
