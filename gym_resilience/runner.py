@@ -17,7 +17,6 @@ from typing import Any
 
 import tenacity
 
-from gym_resilience.cleanup import wait_through_cancellation
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine
 from gym_resilience.env_backends import EnvFactory
@@ -42,11 +41,13 @@ from gym_resilience.rollout import (
     ChatCodec,
     EnvPool,
     LateCloses,
+    OpenEnvs,
     Progress,
     RolloutContext,
     StartLine,
     run_agent_loop,
 )
+from gym_resilience.rollout.env_calls import KILL_GRACE_S
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     AnyTrajectory,
@@ -182,15 +183,21 @@ class BatchRunner:
             {job.index: job.task.prompt for job in jobs[:limit]}, self.config.start_wait_s, codec
         )
         batch = _Batch(self, codec, pool, start_line)
+        unwatch = batch.open_envs.watch(asyncio.get_running_loop())
         try:
             started = start_line.encode_ahead if self._encode_ahead else None
-            outcomes = await _Supervisor(jobs, batch.rollout, limit).run(started)
+            teardown_s = 2 * (self.config.close_timeout_s + KILL_GRACE_S) + 1.0
+            outcomes = await _Supervisor(jobs, batch.rollout, limit, teardown_s).run(started)
             failures = [o for o in outcomes if isinstance(o, FailedRollout)]
             check_failures(failures, total=len(outcomes), max_failed_fraction=self.config.max_failed_fraction)
         except BaseException as exc:
             batch.late.note(exc)
+            # Every rollout ended; what is still open is an env whose rollout code could not run (a
+            # KeyboardInterrupt inside the event loop's machinery) or is left to its thread.
+            batch.open_envs.close_all()
             raise
         finally:
+            unwatch()
             # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
             # closes still run, so a stuck env is closed once its call returns.
             pool.shutdown()
@@ -224,9 +231,14 @@ class _Supervisor:
     """
 
     def __init__(
-        self, jobs: list[_Job], start: Callable[[_Job], Coroutine[Any, Any, Outcome | _Fatal]], limit: int
+        self,
+        jobs: list[_Job],
+        start: Callable[[_Job], Coroutine[Any, Any, Outcome | _Fatal]],
+        limit: int,
+        teardown_s: float,
     ) -> None:
         self._pending = iter(jobs)
+        self._teardown_s = teardown_s
         self._start = start
         self._limit = limit
         self._results: list[Outcome | None] = [None] * len(jobs)
@@ -243,12 +255,33 @@ class _Supervisor:
             await asyncio.shield(self._finished)
         except asyncio.CancelledError as cancelled:
             self._abort(cancelled)
-            # Every rollout closes its env before the cancellation goes on.
-            await wait_through_cancellation(self._finished)
+            await self._wait_for_rollouts()
             raise
         if self._aborting is not None:
             raise self._aborting
         return [outcome for outcome in self._results if outcome is not None]
+
+    async def _wait_for_rollouts(self) -> None:
+        """Wait, through cancellation, until every rollout started has ended (and closed its env), for
+        ``teardown_s`` at most: each rollout's teardown is bounded, so only a task that lost its wake-up
+        can outlast it, and the batch then closes the envs left open itself (``OpenEnvs``).
+
+        It watches the tasks, not ``_finished``: a KeyboardInterrupt raised by a signal handler inside
+        ``_on_done`` can leave that future unset after the last rollout ended.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._teardown_s
+        cancellation: asyncio.CancelledError | None = None
+        while (running := [task for task in self._running if not task.done()]) and loop.time() < deadline:
+            for task in running:
+                if not task.cancelling():
+                    task.cancel()
+            try:
+                await asyncio.wait(running, timeout=deadline - loop.time())
+            except asyncio.CancelledError as cancelled:
+                cancellation = cancellation or cancelled
+        if cancellation is not None:
+            raise cancellation
 
     def _launch(self) -> None:
         while len(self._running) < self._limit and self._aborting is None:
@@ -291,6 +324,7 @@ class _Batch:
         self.codec = codec
         self.pool = pool
         self.late = LateCloses(self.config.close_timeout_s)
+        self.open_envs = OpenEnvs()
         self.start_line = start_line
         self.attempts: dict[int, int] = {}
         self.attempt_log: list[AttemptRecord] = []
@@ -303,6 +337,7 @@ class _Batch:
             config=self.config,
             pool=self.pool,
             late=self.late,
+            open_envs=self.open_envs,
             start_line=self.start_line,
             task=job.task,
             trajectory_id=job.trajectory_id,

@@ -314,6 +314,5 @@ async def test_an_unprintable_close_failure_after_an_engine_failure_is_a_note_on
     failure = result.failures[0]
     assert failure.exception is engine_error
     assert engine_error.__notes__ == [
-        "closing the env also failed: EnvCloseError: env close failed: "
-        "UnprintableError: <unprintable UnprintableError object>"
+        "closing the env also failed: UnprintableError: <unprintable UnprintableError object>"
     ]

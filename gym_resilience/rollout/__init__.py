@@ -6,6 +6,7 @@
 - :mod:`~gym_resilience.rollout.context`: ``RolloutContext``, what one attempt runs with.
 - :mod:`~gym_resilience.rollout.pool`: the threads that run env calls (``EnvPool``).
 - :mod:`~gym_resilience.rollout.env_calls`: the env built, called and closed in the pool (``LateCloses``).
+- :mod:`~gym_resilience.rollout.open_envs`: the envs a batch has open, closed if its rollouts cannot.
 - :mod:`~gym_resilience.rollout.start_line`: the first rollouts of a batch send their prompts together.
 - :mod:`~gym_resilience.rollout.loop`: the turn loop and the trajectory (``run_agent_loop``).
 """
@@ -15,6 +16,7 @@ from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.context import RolloutContext
 from gym_resilience.rollout.env_calls import LateCloses
 from gym_resilience.rollout.loop import run_agent_loop
+from gym_resilience.rollout.open_envs import OpenEnvs
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress, current_rollout, rollout_headers
 from gym_resilience.rollout.start_line import StartLine
@@ -24,6 +26,7 @@ __all__ = [
     "EnvFactory",
     "EnvPool",
     "LateCloses",
+    "OpenEnvs",
     "Progress",
     "RolloutContext",
     "StartLine",

@@ -12,6 +12,7 @@ from gym_resilience.env_backends import EnvFactory, make_env
 from gym_resilience.isolation import StartAbort
 from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.env_calls import LateCloses
+from gym_resilience.rollout.open_envs import OpenEnvs
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.rollout.start_line import StartLine
@@ -24,8 +25,8 @@ __all__ = ["RolloutContext"]
 @dataclass(frozen=True, slots=True)
 class RolloutContext:
     """One attempt at one rollout: the batch's parts (engine, codec, env factory, config, env pool, late
-    closes, start line) and the rollout's own (task, trajectory id, progress). A retry gets a new one
-    with a fresh ``Progress``.
+    closes, open envs, start line) and the rollout's own (task, trajectory id, progress). A retry gets a
+    new one with a fresh ``Progress``.
     """
 
     engine: Engine
@@ -34,6 +35,7 @@ class RolloutContext:
     config: RunnerConfig
     pool: EnvPool
     late: LateCloses
+    open_envs: OpenEnvs
     start_line: StartLine
     task: Task
     trajectory_id: TrajectoryId

@@ -18,6 +18,7 @@ from gym_resilience.cleanup import wait_through_cancellation
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import describe_exception, root_cause
 from gym_resilience.isolation import StartAbort
+from gym_resilience.rollout.open_envs import OpenEnvs
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.worker_env import WorkerEnv
@@ -82,9 +83,10 @@ class EnvCalls:
     beside a stuck call (it kills the worker, which ends that call), so it does not queue behind it.
     """
 
-    def __init__(self, pool: EnvPool, progress: Progress) -> None:
+    def __init__(self, pool: EnvPool, progress: Progress, open_envs: OpenEnvs) -> None:
         self._pool = pool
         self._progress = progress
+        self._open_envs = open_envs
         self._lock = threading.Lock()
         self._last: asyncio.Future[Any] | None = None  # the last call started
         self._closing: asyncio.Future[None] | None = None
@@ -111,18 +113,36 @@ class EnvCalls:
         self._last, signal = self._pool.submit_signalled(self._locked(fn, *args))
         return self._last, signal
 
+    def opened(self, env: ResilientEnv[Any, Any]) -> None:
+        """Count ``env`` among the batch's open envs (in the thread that built it), with the close that
+        the batch runs should the rollout be unable to (see :class:`OpenEnvs`)."""
+        self._open_envs.add(env, self._closer(env) if _isolated(env) else self._locked(self._closer(env)))
+
+    def _closer(self, env: ResilientEnv[Any, Any]) -> Callable[[], None]:
+        """``env.close``, after which the env no longer counts as open."""
+        open_envs = self._open_envs
+
+        def close() -> None:
+            try:
+                env.close()
+            finally:
+                open_envs.discard(env)
+
+        return close
+
     def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
         """Start closing ``env`` (once: a close already queued is returned). It runs after the call in
         flight, on that call's thread (it takes no second one to wait there); an isolated env's close
         runs beside that call instead, on a thread of its own, since it must kill a stuck worker even
         when every pool thread is stuck."""
         if self._closing is None:
+            close = self._closer(env)
             if _isolated(env):
-                self._closing = self._pool.submit_apart(env.close)
+                self._closing = self._pool.submit_apart(close)
             elif self._last is None:
-                self._closing = self.submit(env.close)
+                self._closing = self.submit(close)
             else:
-                self._closing = self._pool.submit_after(self._last, self._locked(env.close))
+                self._closing = self._pool.submit_after(self._last, self._locked(close))
         return self._closing
 
     def __call__(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
@@ -135,7 +155,9 @@ class EnvCalls:
         close must be able to run beside a stuck step."""
         if _isolated(env):
             return self.submit(env.step, action)
-        step, self._closing = self._pool.submit_all(self._locked(env.step, action), self._locked(env.close))
+        step, self._closing = self._pool.submit_all(
+            self._locked(env.step, action), self._locked(self._closer(env))
+        )
         self._last = step
         return step
 
@@ -198,7 +220,10 @@ class _EnvBuild:
     once it finds the rollout gone. A worker still starting an isolated env is killed at once.
     """
 
-    def __init__(self, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset) -> None:
+    def __init__(
+        self, call: EnvCalls, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset
+    ) -> None:
+        self._call = call
         self._make = make
         self._reset = reset
         self._abort = StartAbort()
@@ -213,6 +238,7 @@ class _EnvBuild:
         if self._abandoned:
             raise _Abandoned
         env = self._make(self._abort)
+        self._call.opened(env)
         reset = None
         if not self._abandoned and not _isolated(env):
             reset = _timed(lambda: self._reset(env))
@@ -220,7 +246,7 @@ class _EnvBuild:
             if not self._abandoned:
                 self._handed = True
                 return env, reset
-        env.close()
+        self._call._closer(env)()
         raise _Abandoned
 
     def abandon(self) -> bool:
@@ -239,7 +265,7 @@ async def open_env(
     """Build the env and reset it in one call in its thread (one round trip before the first turn), and
     return it with how its reset ended (None: not reset yet, see ``_EnvBuild.run``). A rollout cancelled
     meanwhile leaves the env to be closed on arrival."""
-    build = _EnvBuild(make, reset)
+    build = _EnvBuild(call, make, reset)
     # The rollout waits on the signal: cancelling the pool's future would lose the env it still hands over.
     opening, opened = call.submit_signalled(build.run)
     try:

@@ -82,7 +82,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     """
     progress, late = rollout.progress, rollout.late
     enter_rollout(progress)
-    call = EnvCalls(rollout.pool, progress)
+    call = EnvCalls(rollout.pool, progress, rollout.open_envs)
     progress.phase = "reset"
     options = {"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt}
     env: ResilientEnv[Any, Any] | None = None

@@ -166,17 +166,31 @@ class EnvPool:
 
     def _deliver(self) -> None:
         with self._lock:
-            outcomes, self._outcomes = self._outcomes, []
-            self._waking = False
-        for future, returned, value, signal in outcomes:
-            if signal is not None and not signal.done():
-                signal.set_result(None)  # first: the waiter wakes before what awaits the call itself
-            if future.cancelled():
-                continue
-            if returned:
-                future.set_result(value)
-            elif value is not None:
-                future.set_exception(value)
+            outcomes, self._outcomes, self._waking = self._outcomes, [], False
+        try:
+            for outcome in outcomes:
+                _settle(*outcome)
+        except BaseException:
+            # A KeyboardInterrupt from a signal handler can stop the loop anywhere: the outcomes it left
+            # are settled still, or the rollouts awaiting them would wait forever in their teardown.
+            for outcome in outcomes:
+                _settle(*outcome)
+            raise
+
+
+def _settle(
+    future: asyncio.Future[Any], returned: bool, value: Any, signal: asyncio.Future[None] | None
+) -> None:
+    """Hand one outcome to its futures (the signal first: its waiter wakes before what awaits the call);
+    settling one twice changes nothing."""
+    if signal is not None and not signal.done():
+        signal.set_result(None)
+    if future.done():  # cancelled: given up on
+        return
+    if returned:
+        future.set_result(value)
+    elif value is not None:
+        future.set_exception(value)
 
 
 def _outcome(
