@@ -12,9 +12,11 @@ import math
 import multiprocessing.resource_tracker
 import os
 import pickle
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -80,6 +82,37 @@ def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
     ]
     with pytest.raises(EngineError, match="'error'"):
         finish_reason("error")
+
+
+def vllm_output(token_ids: list[int], logprobs: list[float]) -> Any:
+    """A finished ``RequestOutput`` as vLLM shapes one: per position, a mapping from id to a ``Logprob``."""
+    positions = [{tid: SimpleNamespace(logprob=lp)} for tid, lp in zip(token_ids, logprobs, strict=True)]
+    completion = SimpleNamespace(token_ids=token_ids, logprobs=positions, finish_reason="stop")
+    return SimpleNamespace(finished=True, outputs=[completion])
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "message"),
+    [
+        ([-0.5, math.nan], "vLLM's output has logprob nan for the token at position 1"),
+        ([math.inf, -0.5], "vLLM's output has logprob inf for the token at position 0"),
+        ([-0.5, -math.inf], "vLLM's output has logprob -inf for the token at position 1"),
+        ([-0.5, 1e-3], "vLLM's output has logprob 0.001 for the token at position 1"),
+    ],
+)
+def test_vllm_output_the_validator_would_reject_fails_the_request_with_engine_error_naming_it(
+    logprobs: list[float], message: str
+) -> None:
+    # A model whose logits overflow gives NaN logprobs; the batch would carry them to the trainer.
+    with pytest.raises(EngineError, match=re.escape(message)):
+        vllm_common.to_generation(vllm_output([7, 8], logprobs), Sampling(logprobs=True))
+
+
+def test_vllm_output_with_a_negative_token_id_fails_and_one_at_the_edges_of_the_valid_passes() -> None:
+    with pytest.raises(EngineError, match="vLLM's output has token id -1 at position 1"):
+        vllm_common.to_generation(vllm_output([7, -1], [-0.5, -0.5]), Sampling())
+    fine = vllm_common.to_generation(vllm_output([0, 8], [0.0, -9999.0]), Sampling(logprobs=True))
+    assert (fine.token_ids, fine.logprobs) == ([0, 8], [0.0, -9999.0])
 
 
 def test_each_request_gets_sampling_params_of_its_own_that_vllm_need_not_copy() -> None:
