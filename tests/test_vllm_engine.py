@@ -26,7 +26,12 @@ from engine_helpers import BAD_REQUESTS, a_bad_request_fails_alone, chat_prompt,
 from gym_resilience.engines import Engine, Sampling, vllm_common
 from gym_resilience.engines.common import finish_reason
 from gym_resilience.engines.vllm import VLLMEngine
-from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs, vllm_environment
+from gym_resilience.engines.vllm_args import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    VLLMArgs,
+    set_vllm_environment,
+    vllm_environment,
+)
 from gym_resilience.engines.vllm_common import map_vllm_errors, sampling_params, tokens_prompt
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
@@ -38,6 +43,7 @@ from gym_resilience.errors import (
     GymResilienceError,
     UnsupportedConfigError,
 )
+from gym_resilience.testing_servers import server_environment
 
 slow = pytest.mark.slow
 
@@ -230,6 +236,21 @@ def test_vllm_environment_keeps_vllm_offline_and_its_caches_under_ours(tmp_path:
     assert Path(env["VLLM_CACHE_ROOT"]).parent == tmp_path
     assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
     assert "TMPDIR" not in env
+
+
+def test_vllm_logs_only_its_warnings_unless_the_user_set_its_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in vllm_environment(tmp_path):  # set_vllm_environment writes them: restored after the test
+        monkeypatch.delenv(name, raising=False)
+    set_vllm_environment(tmp_path)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    set_vllm_environment(tmp_path)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    # A server's environment: the same default, and the caller's own value wins (the harness's -v sets INFO).
+    assert server_environment({}, tmp_path, None)["VLLM_LOGGING_LEVEL"] == "WARNING"
+    assert server_environment({"VLLM_LOGGING_LEVEL": "INFO"}, tmp_path, None)["VLLM_LOGGING_LEVEL"] == "INFO"
 
 
 def test_an_unknown_device_is_rejected_at_construction(tiny_model: Path) -> None:
