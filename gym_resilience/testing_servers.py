@@ -127,7 +127,8 @@ class VLLMServer(Service):
         engine_args: more engine arguments by ``AsyncEngineArgs`` name (``{"dtype": "bfloat16"}``);
             None drops one.
         extra_args: more command-line words, appended verbatim.
-        log_path: where the server's output goes; None: a new file under the cache's ``servers``.
+        log_path: where the server's output goes; None: a new file under the cache's ``servers``. vLLM's
+            own lines in it are its warnings only unless ``VLLM_LOGGING_LEVEL`` is set (here or in ``env``).
         env: variables to set in the server's environment, over everything else.
 
     ``start()`` returns at once; ``wait_healthy()`` waits for ``/health`` (about 45 s on a cold CPU

@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -178,6 +179,80 @@ def test_a_completion_parses_to_exact_token_ids_logprobs_and_finish_reason() -> 
 def test_a_malformed_completion_raises_engine_error(payload: Any, message: str) -> None:
     with pytest.raises(EngineError, match=message):
         parse_completion(payload, PROMPT, Sampling(max_tokens=16, logprobs=True))
+
+
+def completion_with(token_ids: list[Any], token_logprobs: list[Any]) -> dict[str, Any]:
+    return {
+        "choices": [
+            {"token_ids": token_ids, "finish_reason": "stop", "logprobs": {"token_logprobs": token_logprobs}}
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "token_logprobs", "message"),
+    [
+        ([7, -1, 8], [-0.5, -0.5, -0.5], "has token id -1 at position 1; a token id is an integer >= 0"),
+        ([-(2**70)], [-0.5], f"has token id {-(2**70)} at position 0"),
+        (
+            [7, 8],
+            [-0.5, math.nan],
+            "has logprob nan for the token at position 1; a logprob is a finite number",
+        ),
+        ([7, 8], [math.inf, -0.5], "has logprob inf for the token at position 0"),
+        ([7, 8], [-0.5, -math.inf], "has logprob -inf for the token at position 1"),
+        (
+            [7, 8],
+            [-0.5, 0.25],
+            "has logprob 0.25 for the token at position 1; a logprob is a finite number <= 0",
+        ),
+        ([7, 8], [-0.5, 1], "has logprob 1 for the token at position 1"),
+        ([7], [-(10**400)], "has logprob -1000000000"),
+        ([7, 8], [-0.5, True], "has no logprob for the token at position 1: got True"),
+        ([7, 8], [None, -0.5], "has no logprob for the token at position 0: got None"),
+    ],
+)
+def test_a_completion_vllm_never_sends_raises_engine_error_that_says_what_is_wrong(
+    token_ids: list[Any], token_logprobs: list[Any], message: str
+) -> None:
+    # What the output validator would reject: a negative id, a logprob that is NaN, infinite or above 0.
+    with pytest.raises(EngineError, match=re.escape(message)):
+        parse_completion(completion_with(token_ids, token_logprobs), PROMPT, Sampling(logprobs=True))
+
+
+def test_a_negative_token_id_is_refused_even_when_no_logprobs_were_asked_for_and_then_none_are_read() -> None:
+    with pytest.raises(EngineError, match="has token id -3 at position 0"):
+        parse_completion(completion_with([-3], [-0.5]), PROMPT, Sampling())
+    assert parse_completion(completion_with([3], [math.nan]), PROMPT, Sampling()).logprobs is None
+
+
+def test_logprobs_at_the_edges_of_what_vllm_sends_parse_as_floats() -> None:
+    # 0 (a certain token), -0.0, vLLM's -9999.0 for -inf, and JSON integers among them.
+    generation = parse_completion(
+        completion_with([0, 7, 8, 9], [0, -0.0, -9999.0, -3]), PROMPT, Sampling(logprobs=True)
+    )
+    assert generation.token_ids == [0, 7, 8, 9] and generation.logprobs == [0.0, 0.0, -9999.0, -3.0]
+    assert all(type(logprob) is float for logprob in generation.logprobs)
+
+
+async def test_a_server_answering_a_nan_logprob_fails_the_request_with_engine_error_naming_it() -> None:
+    # A bare NaN, as Python's json.dumps writes one, which httpx's json() reads back as a float.
+    choice = b'{"token_ids": [7, 3], "finish_reason": "stop", "logprobs": {"token_logprobs": [-0.5, NaN]}}'
+    body = b'{"choices": [' + choice + b"]}"
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        return httpx.Response(200, content=body, headers={"content-type": "application/json"})
+
+    engine = OpenAIEngine(
+        [A], tokenizer_dir="/unused", transport=httpx.MockTransport(handle), health_interval_s=None
+    )
+    async with engine:
+        with pytest.raises(EngineError, match=r"completion has logprob nan for the token at position 1"):
+            await engine.generate(PROMPT, Sampling(logprobs=True))
+        stats = engine.stats
+    assert (stats.requests, stats.failures, stats.endpoints[0].successes) == (1, 0, 0)
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,11 @@ import math
 import multiprocessing.resource_tracker
 import os
 import pickle
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +26,12 @@ from engine_helpers import BAD_REQUESTS, a_bad_request_fails_alone, chat_prompt,
 from gym_resilience.engines import Engine, Sampling, vllm_common
 from gym_resilience.engines.common import finish_reason
 from gym_resilience.engines.vllm import VLLMEngine
-from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs, vllm_environment
+from gym_resilience.engines.vllm_args import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    VLLMArgs,
+    set_vllm_environment,
+    vllm_environment,
+)
 from gym_resilience.engines.vllm_common import map_vllm_errors, sampling_params, tokens_prompt
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
@@ -36,6 +43,7 @@ from gym_resilience.errors import (
     GymResilienceError,
     UnsupportedConfigError,
 )
+from gym_resilience.testing_servers import server_environment
 
 slow = pytest.mark.slow
 
@@ -80,6 +88,37 @@ def test_vllm_finish_reasons_map_onto_ours_and_an_engine_error_raises() -> None:
     ]
     with pytest.raises(EngineError, match="'error'"):
         finish_reason("error")
+
+
+def vllm_output(token_ids: list[int], logprobs: list[float]) -> Any:
+    """A finished ``RequestOutput`` as vLLM shapes one: per position, a mapping from id to a ``Logprob``."""
+    positions = [{tid: SimpleNamespace(logprob=lp)} for tid, lp in zip(token_ids, logprobs, strict=True)]
+    completion = SimpleNamespace(token_ids=token_ids, logprobs=positions, finish_reason="stop")
+    return SimpleNamespace(finished=True, outputs=[completion])
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "message"),
+    [
+        ([-0.5, math.nan], "vLLM's output has logprob nan for the token at position 1"),
+        ([math.inf, -0.5], "vLLM's output has logprob inf for the token at position 0"),
+        ([-0.5, -math.inf], "vLLM's output has logprob -inf for the token at position 1"),
+        ([-0.5, 1e-3], "vLLM's output has logprob 0.001 for the token at position 1"),
+    ],
+)
+def test_vllm_output_the_validator_would_reject_fails_the_request_with_engine_error_naming_it(
+    logprobs: list[float], message: str
+) -> None:
+    # A model whose logits overflow gives NaN logprobs; the batch would carry them to the trainer.
+    with pytest.raises(EngineError, match=re.escape(message)):
+        vllm_common.to_generation(vllm_output([7, 8], logprobs), Sampling(logprobs=True))
+
+
+def test_vllm_output_with_a_negative_token_id_fails_and_one_at_the_edges_of_the_valid_passes() -> None:
+    with pytest.raises(EngineError, match="vLLM's output has token id -1 at position 1"):
+        vllm_common.to_generation(vllm_output([7, -1], [-0.5, -0.5]), Sampling())
+    fine = vllm_common.to_generation(vllm_output([0, 8], [0.0, -9999.0]), Sampling(logprobs=True))
+    assert (fine.token_ids, fine.logprobs) == ([0, 8], [0.0, -9999.0])
 
 
 def test_each_request_gets_sampling_params_of_its_own_that_vllm_need_not_copy() -> None:
@@ -197,6 +236,21 @@ def test_vllm_environment_keeps_vllm_offline_and_its_caches_under_ours(tmp_path:
     assert Path(env["VLLM_CACHE_ROOT"]).parent == tmp_path
     assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
     assert "TMPDIR" not in env
+
+
+def test_vllm_logs_only_its_warnings_unless_the_user_set_its_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in vllm_environment(tmp_path):  # set_vllm_environment writes them: restored after the test
+        monkeypatch.delenv(name, raising=False)
+    set_vllm_environment(tmp_path)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    set_vllm_environment(tmp_path)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    # A server's environment: the same default, and the caller's own value wins (the harness's -v sets INFO).
+    assert server_environment({}, tmp_path, None)["VLLM_LOGGING_LEVEL"] == "WARNING"
+    assert server_environment({"VLLM_LOGGING_LEVEL": "INFO"}, tmp_path, None)["VLLM_LOGGING_LEVEL"] == "INFO"
 
 
 def test_an_unknown_device_is_rejected_at_construction(tiny_model: Path) -> None:

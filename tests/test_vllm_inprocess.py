@@ -2,12 +2,17 @@
 
 The session's engine serves the module (``engine``: ``make_vllm_engine`` picks this one on CPU); the
 lifecycle tests start engines of their own to watch
-them start and shut down. No process is ever started: the engine runs in a thread of this one.
+them start and shut down. No process is ever started: the engine runs in a thread of this one (the test
+of what a user's script prints runs that script in a process of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -505,3 +510,55 @@ async def test_a_model_folder_that_does_not_exist_is_named_at_start(
     assert info.value.option == "model_dir"
     assert str(info.value) == f"model_dir: {tmp_path / 'no-model'} is no such folder: expected a saved model"
     assert not vllm_inprocess.in_process_engine_running()
+
+
+# A line of vLLM's own handler at INFO: "(MainProcess pid=123) INFO 12-04 02:28:49 [model.py:733] ...".
+VLLM_INFO_LINE = re.compile(r"^\(\S+ pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d ", re.MULTILINE)
+
+USER_SCRIPT = """
+import asyncio, logging, sys
+from gym_resilience.engines import InProcessVLLMEngine, Sampling
+
+logging.basicConfig(level=logging.DEBUG, format="user: %(levelname)s %(name)s %(message)s")
+root = logging.getLogger()
+before = (root.level, list(root.handlers), root.handlers[0].stream, root.handlers[0].formatter)
+
+async def main():
+    async with InProcessVLLMEngine(sys.argv[1]) as engine:
+        await engine.generate([2, 100, 200], Sampling(max_tokens=2))
+
+asyncio.run(main())
+after = (root.level, list(root.handlers), root.handlers[0].stream, root.handlers[0].formatter)
+print("root logger kept:", before == after, flush=True)
+logging.getLogger("users.own").debug("still configured")
+"""
+
+
+@slow
+def test_a_script_using_the_engine_sees_only_vllms_warnings_unless_it_sets_vllms_level_and_keeps_its_logging(
+    tiny_model: Path,
+) -> None:
+    def run(**env: str) -> str:
+        environment = {
+            k: v for k, v in os.environ.items() if k not in ("VLLM_LOGGING_LEVEL", "VLLM_CONFIGURE_LOGGING")
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", USER_SCRIPT, str(tiny_model)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=600,
+            check=False,
+            env={**environment, **env},
+        )
+        assert done.returncode == 0, done.stdout[-3000:]
+        # The program's own logging configuration is left as it was, and goes on working.
+        assert "root logger kept: True" in done.stdout, done.stdout[-3000:]
+        assert "user: DEBUG users.own still configured" in done.stdout
+        return done.stdout
+
+    quiet = run()
+    assert VLLM_INFO_LINE.search(quiet) is None, quiet[-3000:]
+    # The user's choice wins: vLLM's INFO lines are back.
+    chosen = run(VLLM_LOGGING_LEVEL="INFO")
+    assert len(VLLM_INFO_LINE.findall(chosen)) >= 5, chosen[-3000:]

@@ -6,6 +6,7 @@ import abc
 import array
 import asyncio
 import enum
+import math
 import operator
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ from gym_resilience.errors import (
 __all__ = [
     "EngineState",
     "StartedEngine",
+    "check_logprobs",
+    "check_token_ids",
     "finish_reason",
     "install_hint",
     "load_tokenizer",
@@ -120,6 +123,45 @@ def finish_reason(reason: str | None) -> FinishReason:
         # vLLM cut a repetitive output short: truncated by a limit, not a natural end.
         return "length"
     raise EngineError(f"vLLM finished the request with {reason!r}: a request-level engine error")
+
+
+# --- What a generation may hold: what the output validator takes, checked as it comes back. -----------
+
+
+def check_token_ids(token_ids: list[int], source: str) -> None:
+    """Raise ``EngineError`` unless every id of ``token_ids`` (ints already) is >= 0, naming the first
+    that is not and where it is; ``source`` says what returned them ("the server's completion")."""
+    if token_ids and min(token_ids) < 0:  # min() in C: the ids of a whole generation in microseconds
+        index, value = next((i, v) for i, v in enumerate(token_ids) if v < 0)
+        raise EngineError(f"{source} has token id {value} at position {index}; a token id is an integer >= 0")
+
+
+def check_logprobs(values: list[Any], source: str) -> list[float]:
+    """``values`` as floats when each is a finite number <= 0, as vLLM computes a sampled token's logprob;
+    else ``EngineError`` naming the first that is not and where it is (NaN, inf, -inf, above 0, or no
+    number at all: a string, None, a bool).
+
+    A list of floats passes in three C passes (type, sum, max) and is returned as it is; vLLM's server
+    answers a logprob of -inf with -9999.0, so an infinity means a broken model or a broken server.
+    """
+    if set(map(type, values)) <= {float} and math.isfinite(sum(values)) and (not values or max(values) <= 0):
+        return values
+    return [_logprob(value, index, source) for index, value in enumerate(values)]
+
+
+def _logprob(value: Any, index: int, source: str) -> float:
+    if type(value) is not float and type(value) is not int:  # JSON's numbers only: no bool, no str
+        raise EngineError(f"{source} has no logprob for the token at position {index}: got {value!r:.60}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        number = math.nan
+    if not -math.inf < number <= 0:  # False for NaN too
+        raise EngineError(
+            f"{source} has logprob {value!r:.60} for the token at position {index}; "
+            "a logprob is a finite number <= 0"
+        )
+    return number
 
 
 # --- What a request may hold: checked before it leaves for an engine. ---------------------------------

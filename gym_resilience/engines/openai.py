@@ -38,6 +38,8 @@ from gym_resilience.engines.base import Generation, Sampling, Tokenizer
 from gym_resilience.engines.common import (
     EngineState,
     StartedEngine,
+    check_logprobs,
+    check_token_ids,
     finish_reason,
     load_tokenizer,
     request_ids,
@@ -220,7 +222,12 @@ def completion_request(
 
 def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
     """The ``Generation`` in a ``/v1/completions`` response body; a malformed one raises ``EngineError``
-    that says what is wrong with it (JSON's integers and numbers are checked as such, not converted)."""
+    that says what is wrong with it (JSON's integers and numbers are checked as such, not converted).
+
+    What vLLM never sends is malformed too, as the output validator would reject it: a token id below 0,
+    a logprob that is NaN, infinite or above 0. Ids past the model's vocabulary are not checked: the
+    tokenizer's length is no bound (models pad their embeddings past it) and the model's is not known.
+    """
     choice = _first_choice(payload)
     token_ids = choice.get("token_ids")
     if not _is_ids(token_ids):
@@ -233,13 +240,14 @@ def parse_completion(payload: object, prompt_ids: Sequence[int], sampling: Sampl
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and (not _is_ids(echoed) or echoed != list(prompt_ids)):
         raise EngineError("the server changed the prompt's token ids (did it add special tokens?)")
+    check_token_ids(token_ids, "the server's completion")
     logprobs: list[float] | None = None
     if sampling.logprobs:
         section = choice.get("logprobs")
         raw = section.get("token_logprobs") if isinstance(section, dict) else None
-        if not isinstance(raw, list) or len(raw) != len(token_ids) or not all(map(_is_number, raw)):
+        if not isinstance(raw, list) or len(raw) != len(token_ids):
             raise EngineError("the server returned no logprob for some sampled tokens")
-        logprobs = [float(lp) for lp in raw]
+        logprobs = check_logprobs(raw, "the server's completion")
     return Generation(
         token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(choice.get("finish_reason"))
     )
@@ -253,11 +261,8 @@ def _first_choice(payload: object) -> dict[str, Any]:
 
 
 def _is_ids(value: object) -> TypeGuard[list[int]]:
-    return isinstance(value, list) and all(type(item) is int for item in value)
-
-
-def _is_number(value: object) -> bool:
-    return type(value) is float or type(value) is int
+    # JSON's integers: a bool is not one; whether each is >= 0 is check_token_ids's to say.
+    return isinstance(value, list) and set(map(type, value)) <= {int}
 
 
 def classify_status(status: int) -> FailureKind | None:

