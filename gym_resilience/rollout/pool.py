@@ -1,16 +1,12 @@
 """``EnvPool``: the threads that run a batch's env calls and hand each outcome back to the event loop.
 
-A call costs a queue put and an asyncio future. ``loop.run_in_executor`` on a ``ThreadPoolExecutor`` costs
-about three times as much per call (a concurrent future with its condition, a semaphore, a second future
-chained to it, a loop wake-up per result), and a rollout makes a few env calls per turn. Outcomes that
-arrive while the loop is busy are handed over together, in one wake-up.
-
-A pool takes a thread as a call finds none idle, up to ``threads``, and lets each go at
-:meth:`EnvPool.shutdown` once every call queued before it has run: a close still queued behind a stuck call
-runs when that call returns. A thread let go waits for the next pool (a batch's pool takes it rather than
-starting one: starting 16 threads cost a 64-rollout batch about 5 ms of its 10, the event loop's and the
-engine's time) and ends after ``IDLE_S`` without one. The threads are daemons: a call stuck in an env does
-not hold the interpreter's exit (an env left open then is closed by ``ResilientEnv``'s exit hook).
+A call costs a queue put and an asyncio future, a third of ``loop.run_in_executor``'s cost on a
+``ThreadPoolExecutor`` (docs/performance.md), and outcomes that arrive while the loop is busy are handed
+over together, in one wake-up. A pool takes a thread as a call finds none idle, up to ``threads``, and
+lets each go at :meth:`EnvPool.shutdown` once every call queued before it has run, so a close queued
+behind a stuck call still runs when that call returns. A thread let go waits ``IDLE_S`` for the next
+batch's pool rather than ending. The threads are daemons: a call stuck in an env does not hold the
+interpreter's exit (``ResilientEnv``'s exit hook closes an env left open then).
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """``StartLine``: the rollouts a batch starts at once send their first prompts to the engine together.
 
-Envs open in pool threads and come back to the event loop in waves, as threads finish. A rollout that
-went on at once would encode its prompt and send it while its siblings' envs are still opening; the
-later waves then wait on the event loop behind the engine's work for the first (adding its requests,
-handling its first outputs), and reach it later: in a trace of 8 batches of 64 rollouts on vLLM, a
-batch whose envs came back in waves sent its last request up to 20 ms after one whose envs came back
-at once. Its generation ends that much later, and the batch with it.
+Envs open in pool threads and come back to the event loop in waves; a rollout that went on at once would
+send its prompt while its siblings' envs still open, and the later waves would wait behind the engine's
+work for the first. So the first rollouts wait at a line, env open and reset, for the others:
+``RunnerConfig.start_wait_s`` at most after the first got there (or failed). A rollout that fails before
+the line leaves it once its env is closed; rollouts started later and retries go straight on.
 
-So the first rollouts wait at a start line, once their env is open and reset, for the siblings still
-opening theirs: ``RunnerConfig.start_wait_s`` at most after the first got there (or failed), so one
-slow or stuck reset holds up the others that long at worst. A rollout that fails before the line
-leaves it once its env is closed. Rollouts started later (as slots free up under ``max_concurrency``)
-and retries are not on the line: they go straight on.
-
-Each rollout brings its first prompt to the line, and the line encodes them all in one tokenizer call
-as it opens: a rollout waits once, for its prompt's ids, rather than for the line and then for its
-encoding (a wake-up of each task fewer: about 1 ms of a 64-rollout batch).
-
-Most envs open with their task's prompt (a skyrl-gym env's ``init`` returns it as it is). The line can
-encode those ahead (:meth:`StartLine.encode_ahead`), while the envs open in the pool threads: the event
-loop is otherwise idle then, and the Rust tokenizer runs beside the threads. A rollout whose env opened
-with exactly its task's prompt (the same ``repr``: what the chat template renders) takes those ids at the
-line; any other opening is encoded as the line opens. On a 64-rollout batch this took 0.9-1.5 ms off
-the runner's own time (README, Benchmarks). The line counts the openings that matched, so that the
-runner encodes ahead only while it pays (:meth:`StartLine.worth_encoding_ahead`).
+The line encodes the prompts it gathered in one tokenizer call as it opens, and can encode the tasks'
+prompts ahead while the envs open (:meth:`StartLine.encode_ahead`): a rollout whose env opened with
+exactly its task's prompt (the same ``repr``) takes those ids. It counts the openings that matched, so
+the runner encodes ahead only while that pays (:meth:`StartLine.worth_encoding_ahead`). What each step
+saves is measured in docs/performance.md.
 """
 
 from __future__ import annotations
