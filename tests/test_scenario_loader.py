@@ -423,7 +423,13 @@ def test_a_yaml_syntax_error_names_the_line_where_yaml_fails_and_no_field() -> N
                 "level, got 'just words'"
             ),
         ),
-        ("title: t\n1: x\n", "s.yaml:2: expected field names to be strings, got 1"),
+        (
+            "title: t\n1: x\n",
+            (
+                "s.yaml:2: key 1 is an integer, not a string: keys must be strings (quote the key to make "
+                "it one)"
+            ),
+        ),
         (
             "title: t\nzzzzz: 1\n",
             (
@@ -522,6 +528,64 @@ def test_model_errors_become_one_located_message(text: str, message: str) -> Non
     with pytest.raises(ScenarioError) as caught:
         parse_scenario(text, file="s.yaml")
     assert str(caught.value) == message
+
+
+KEYS_FIX = "keys must be strings (quote the key to make it one)"
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        (
+            "title: t\nrunner: {true: 1, max_turns: 2}\n",
+            ["s.yaml:2 at runner: key true is a boolean, not a string"],
+        ),
+        ("title: t\nrunner: {1: x}\n", ["s.yaml:2 at runner: key 1 is an integer, not a string"]),
+        ("title: t\nrunner: {null: x}\n", ["s.yaml:2 at runner: key null is not a string"]),
+        ("title: t\nrunner: {1.5: x}\n", ["s.yaml:2 at runner: key 1.5 is a number, not a string"]),
+        (
+            "title: t\nrunner:\n  retry: {false: 3}\n",
+            ["s.yaml:3 at runner.retry: key false is a boolean, not a string"],
+        ),
+        (
+            "title: t\nrunner:\n  retry: {atempts: 2, 1: 3}\n",
+            [
+                "s.yaml:3 at runner.retry.atempts: unknown field 'atempts'; did you mean 'attempts'?",
+                "s.yaml:3 at runner.retry: key 1 is an integer, not a string",
+            ],
+        ),
+        (
+            "title: t\ncluster: {nodes: 2}\nrunner:\n  env_backend: ray\n  env_actor_options: {true: 1}\n",
+            ["s.yaml:5 at runner.env_actor_options: key true is a boolean, not a string"],
+        ),
+        (
+            "title: t\nbatch: {env: word_game, 2024-01-02: x}\n",
+            ["s.yaml:2 at batch: key 2024-01-02 is a date, not a string"],
+        ),
+        (
+            "title: t\nfaults:\n  - {target: env, kind: raise, method: step, when: {true: [1]}}\n",
+            ["s.yaml:3 at faults[0].when: key true is a boolean, not a string"],
+        ),
+        (
+            "title: t\nprobes:\n  - {probe: batch_size, eq: 8, 0: 1}\n",
+            ["s.yaml:3 at probes[0]: key 0 is an integer, not a string"],
+        ),
+        ("title: t\ntrue: 1\n", ["s.yaml:2: key true is a boolean, not a string"]),
+        # A value of the wrong type is that problem alone, whatever its keys; the file's other problems
+        # are all still reported beside a key's (the misspelt field of retry above).
+        (
+            "title: t\nprobes:\n  - {probe: batch_size, eq: {1: 2}}\n",
+            ["s.yaml:3 at probes[0].eq: expected a number, a string, true or false, or null, got a mapping"],
+        ),
+    ],
+)
+def test_a_key_that_is_not_a_string_is_named_at_its_mapping_as_the_file_writes_it_wherever_it_is(
+    text: str, problems: list[str]
+) -> None:
+    checked = check_text(text, file="s.yaml")
+
+    expected = [f"{p}: {KEYS_FIX}" if p.endswith("not a string") else p for p in problems]
+    assert [str(problem) for problem in checked.problems] == expected
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,10 @@
 
 On a TTY the bar is one line redrawn in place and statuses are colored; anywhere else (CI logs, a
 file) every finished scenario gets its own plain line, so the log reads top to bottom.
+
+A scenario's line gives the times of its two runs, the summary table's ``baseline`` and ``faulted``,
+and apart from them the time the harness spent on what it started for the scenario (vLLM, the first
+time; a Ray cluster), so that an engine's start is never taken for a slow scenario.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from harness.messages import counted
 from harness.reports.text import deviation_line
 from harness.results import RunJournal, ScenarioResult, Status
 
@@ -72,16 +77,19 @@ class ProgressView:
         if self._tty:
             self._redraw(f"{self._bar()} {self._done}/{self._total} {file} running: {_clip(title)}")
 
-    def scenario_finished(self, result: ScenarioResult) -> None:
-        """Scenario ``result.file`` ended with ``result.status``."""
+    def scenario_finished(self, result: ScenarioResult, *, setup: str = "") -> None:
+        """Scenario ``result.file`` ended with ``result.status``.
+
+        ``setup`` names what the harness started for it besides its two runs (``"vLLM's start on cpu"``),
+        shown with the time it took: the scenario's time from start to end, less its runs' own.
+        """
         self._done += 1
-        if self._current == result.file:
-            elapsed = self._clock() - self._started_at
-        else:  # scenario_started was not called for it: the run's own measurements are the best guess
-            elapsed = result.baseline_s + result.faulted_s
+        measured = self._current == result.file
+        elapsed = self._clock() - self._started_at if measured else 0.0
         self._current = None
         status = self._paint(result.status)
-        line = f"{self._bar()} {self._done}/{self._total} {result.file} {status} {elapsed:.1f} s"
+        times = _times(result, elapsed, setup)
+        line = f"{self._bar()} {self._done}/{self._total} {result.file} {status} {times}"
         if self._tty:
             self._redraw(line)
         else:
@@ -145,7 +153,7 @@ class ProgressView:
         total = f" in {journal.total_s:.1f} s" if journal.total_s else ""
         lines += [
             "",
-            f"{len(journal.scenarios)} scenarios{total}: {', '.join(counts) or 'none run'}; "
+            f"{counted(len(journal.scenarios), 'scenario')}{total}: {', '.join(counts) or 'none run'}; "
             f"run {self._paint(journal.status)}",
         ]
         return lines
@@ -180,6 +188,27 @@ def _is_tty(stream: TextIO) -> bool:
 def _clip(text: str, width: int = _TITLE_WIDTH) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+_SETUP_SHOWN_S = 1.0
+"""Time outside a scenario's runs below which its line does not mention it, unless something was started
+for it: temporary folders, a tool server and the like take a fraction of a second."""
+
+
+def _times(result: ScenarioResult, elapsed: float, setup: str) -> str:
+    """``baseline 1.7 s + faulted 0.3 s``, then ``; 98.7 s more for vLLM's start on cpu`` when the
+    scenario took longer than its runs (``elapsed``: 0 when not measured); ``after 98.7 s`` for one
+    that never got to its runs."""
+    runs = result.baseline_s + result.faulted_s
+    if runs <= 0:
+        if elapsed <= 0:
+            return "-"
+        return f"after {elapsed:.1f} s" + (f" ({setup} included)" if setup else "")
+    times = f"baseline {result.baseline_s:.1f} s + faulted {result.faulted_s:.1f} s"
+    extra = elapsed - runs
+    if extra >= 0.05 and (setup or extra >= _SETUP_SHOWN_S):
+        times += f"; {extra:.1f} s more for {setup or 'setup'}"
+    return times
 
 
 def _seconds(value: float) -> str:
