@@ -32,6 +32,9 @@ class ScriptedClient(InferenceEngineInterface):
     def _answer(self, prompt_ids: list[int]) -> str:
         digest = hashlib.blake2b(bytes(str(prompt_ids), "ascii"), digest_size=16).digest()
         kind = digest[0] % 4
+        first_turn = prompt_ids.count(self.tokenizer.convert_tokens_to_ids("<|im_start|>")) == 2
+        if first_turn and digest[1] % 2 == 0:
+            kind = 2  # half the rollouts start with a turn cut at max_tokens, and go on
         if kind == 0:
             return "the answer is #### 42"
         if kind == 1:

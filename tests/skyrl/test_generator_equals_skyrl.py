@@ -82,10 +82,47 @@ async def test_the_multi_turn_batch_holds_truncated_turns_and_rollouts_of_severa
     _, ours, (_, client) = await both(tokenizer, "gsm8k_multi_turn", max_turns=3)
     runs = [sum(1 for a, b in zip([0, *m], m, strict=False) if b and not a) for m in ours["loss_masks"]]
     assert max(runs) > 1
-    assert "length" in [reason for call in client.calls for reason in call["reasons"]]
+    # A turn cut at max_tokens that the rollout goes on after: its session has a later call.
+    sessions = [(call["input"]["session_ids"][0], call["reasons"][0]) for call in client.calls]
+    cut_then_on = [
+        i
+        for i, (session, reason) in enumerate(sessions)
+        if reason == "length" and session in dict(sessions[i + 1 :])
+    ]
+    assert cut_then_on
 
 
 def test_the_generator_is_a_skyrl_generator_interface(tokenizer: Any) -> None:
     generator = build(ResilientSkyRLGenerator, ScriptedClient(tokenizer), tokenizer)
     assert isinstance(generator, GeneratorInterface)
     assert issubclass(ResilientSkyRLGenerator, GeneratorInterface)
+
+
+async def test_the_closed_layout_is_an_option_that_ends_each_truncated_turn_with_its_eos(
+    tokenizer: Any,
+) -> None:
+    batch = generator_input(env_class="gsm8k_multi_turn")
+    skyrl = await build(SkyRLGymGenerator, ScriptedClient(tokenizer), tokenizer, max_turns=3).generate(
+        copy.deepcopy(batch)
+    )
+    closed = ResilientSkyRLGenerator(
+        generator_cfg=generator_config(max_turns=3),
+        skyrl_gym_cfg=gym_config(),
+        inference_engine_client=ScriptedClient(tokenizer),
+        tokenizer=tokenizer,
+        token_layout="closed",
+    )
+    ours = await closed.generate(copy.deepcopy(batch))
+    differ = [
+        row
+        for row, (a, b) in enumerate(zip(ours["response_ids"], skyrl["response_ids"], strict=True))
+        if a != b
+    ]
+    assert differ
+    eos = tokenizer.eos_token_id
+    for row in differ:  # where they part: our eos, loss-masked, after a turn cut at max_tokens
+        mine, theirs = ours["response_ids"][row], skyrl["response_ids"][row]
+        at = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b)
+        assert mine[at] == eos != theirs[at]
+        assert ours["loss_masks"][row][at] == 0
+        assert ours["loss_masks"][row][at - 1] == 1 and mine[at - 1] != eos
