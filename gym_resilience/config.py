@@ -20,12 +20,30 @@ from gym_resilience.engines.base import Sampling
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.retry import RetryPolicy
 
-__all__ = ["ENV_BACKENDS", "EnvBackend", "RunnerConfig"]
+__all__ = [
+    "ENV_BACKENDS",
+    "FAILED_GROUP_POLICIES",
+    "TOKEN_LAYOUTS",
+    "EnvBackend",
+    "RunnerConfig",
+    "TokenLayout",
+]
 
 EnvBackend = Literal["thread", "process", "ray"]
 """Where a rollout's env runs: a thread of this process, a worker process, or a Ray actor."""
 
 ENV_BACKENDS: tuple[EnvBackend, ...] = typing.get_args(EnvBackend)
+
+FailedGroupPolicy = Literal["keep", "mask_group"]
+"""What a batch does with the rows of a group (the samples of one task) that lost a rollout."""
+
+FAILED_GROUP_POLICIES: tuple[FailedGroupPolicy, ...] = typing.get_args(FailedGroupPolicy)
+
+TokenLayout = Literal["closed", "skyrl"]
+"""How a multi-turn rollout lays out its tokens: ``"closed"`` ends every turn with the end-of-turn token
+and keeps step-wise prompts token for token; ``"skyrl"`` is SkyRL's generator's layout."""
+
+TOKEN_LAYOUTS: tuple[TokenLayout, ...] = typing.get_args(TokenLayout)
 
 MAX_SEED = 2**62
 """The largest ``seed``: each rollout's, ``seed + index``, stays a seed vLLM takes (below 2**63)."""
@@ -86,6 +104,18 @@ class RunnerConfig:
         env_create_timeout_s: deadline for building one env (its worker's or actor's start and
             ``env_factory``); past it the worker is killed and the rollout fails with
             ``EnvTimeoutError``. Needs a killable backend, for the same reason.
+        failed_group_policy: with ``skip_failed_rollouts``, what happens to the rows of a group (the
+            samples of one task) that holds a placeholder: ``"keep"`` trains on them as they are (a
+            placeholder's 0.0 then enters the group's GRPO mean and std in a trainer that does not know
+            placeholders); ``"mask_group"`` gives every row of the group an all-zero loss mask, so the
+            trainer learns nothing from that group and nothing biased by it.
+        token_layout: ``"closed"`` (the default) ends a turn that stopped without the end-of-turn token
+            (a length-truncated one) with that token, loss-masked, before the observation, and a
+            step-wise step's prompt is the previous prompt and response token for token;
+            ``"skyrl"`` lays tokens out as SkyRL's generator does: the observation follows a truncated
+            turn directly, a rollout stopped by ``max_input_length`` drops its trailing observation, and
+            a step-wise step holds the generated and observation tokens while each prompt is the chat
+            template applied to the decoded history.
         close_timeout_s: how long tearing down a rollout waits for its env's ``close`` (or for an env
             still being built when the rollout gave up); past it the thread running that call closes the
             env when the call returns, the batch does not wait for it, and its metric
@@ -121,6 +151,8 @@ class RunnerConfig:
     env_reset_timeout_s: float | None = None
     env_create_timeout_s: float | None = None
     close_timeout_s: float = 10.0
+    failed_group_policy: FailedGroupPolicy = "keep"
+    token_layout: TokenLayout = "closed"
 
     def rollout_seed(self, rollout_index: int) -> int | None:
         """``seed + rollout_index``: the RNG seed of that rollout's env reset and sampling (None without

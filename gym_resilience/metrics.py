@@ -138,7 +138,7 @@ def _add_time_stats(metrics: dict[str, float], columns: Mapping[str, Sequence[fl
             metrics[f"generate/trajectory_time_{name}_max"] = exact_max(times)
 
 
-def _per_rollout(output: BatchOutput, column: list[float]) -> list[float]:
+def _per_rollout(output: BatchOutput, column: list[Any]) -> list[Any]:
     """A per-row column with one entry per rollout: step-wise, the entry of each rollout's last step."""
     if output.is_last_step is None:
         return column
@@ -200,18 +200,21 @@ def generate_metrics(output: BatchOutput) -> dict[str, float]:
 def reward_metrics(output: BatchOutput) -> dict[str, float]:
     """The reward means SkyRL's trainer logs, over every row (placeholders count with their 0.0).
 
-    Call it after post-processing: SkyRL's trainer computes them from the batch it receives.
+    Call it after post-processing: SkyRL's trainer computes them from the batch it receives. Step-wise,
+    they are over each rollout's last step, as SkyRL's trainer takes them.
     """
-    if not output.rewards:
+    rewards = _per_rollout(output, list(output.rewards))
+    if not rewards:
         return {}
     positive = [
         float(sum(max(value, 0.0) for value in reward))
         if isinstance(reward, list)
         else max(float(reward), 0.0)
-        for reward in output.rewards
+        for reward in rewards
     ]
+    summed = [float(sum(r)) if isinstance(r, list) else float(r) for r in rewards]
     return {
-        "reward/avg_raw_reward": exact_mean(_row_rewards(output)),
+        "reward/avg_raw_reward": exact_mean(summed),
         "reward/mean_positive_reward": exact_mean(positive),
     }
 

@@ -57,7 +57,7 @@ from gym_resilience.trajectories import (
     build_batch_output,
 )
 
-__all__ = ["AttemptRecord", "BatchResult", "BatchRunner"]
+__all__ = ["AttemptRecord", "BatchResult", "BatchRunner", "mask_failed_groups"]
 
 Outcome = AnyTrajectory | FailedRollout
 
@@ -214,6 +214,9 @@ class BatchRunner:
         # As in SkyRL: its generator's generate/* metrics before post-processing, its trainer's after.
         metrics.update(generate_metrics(output))
         post_process(trajectories, output, self.config)
+        if self.config.failed_group_policy == "mask_group":
+            groups = [tid.instance_id if tid is not None else None for tid in output.trajectory_ids]
+            metrics["rollout_groups_masked"] = float(mask_failed_groups(trajectories, output, groups))
         metrics.update(reward_metrics(output))
         output.rollout_metrics = dict(metrics)
         log_batch_summary(metrics)
@@ -445,3 +448,22 @@ def post_process(trajectories: list[AnyTrajectory], output: BatchOutput, config:
         if config.apply_overlong_filtering:
             step.loss_mask = [0] * len(step.loss_mask)
             output.loss_masks[row] = list(step.loss_mask)
+
+
+def mask_failed_groups(trajectories: list[AnyTrajectory], output: BatchOutput, groups: list[Any]) -> int:
+    """Zero the loss mask of every row whose group (``groups[row]``, e.g. the task's instance id) holds a
+    placeholder, in the trajectories and in ``output`` alike; returns how many groups were masked.
+
+    This is ``failed_group_policy="mask_group"``: a trainer that knows nothing of placeholders (SkyRL's
+    GRPO puts a placeholder's 0.0 into its group's mean and std) learns nothing from such a group.
+    """
+    flags = output.is_placeholder or [False] * len(output)
+    failed = {group for group, placeholder in zip(groups, flags, strict=True) if placeholder}
+    if not failed:
+        return 0
+    steps = [s for t in trajectories for s in (t.steps if isinstance(t, StepWiseTrajectory) else [t])]
+    for row, step in enumerate(steps):
+        if groups[row] in failed:
+            step.loss_mask = [0] * len(step.loss_mask)
+            output.loss_masks[row] = list(step.loss_mask)
+    return len(failed)

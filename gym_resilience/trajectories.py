@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from gym_resilience.errors import OutputValidationError, Phase
+from gym_resilience.skyrl_format import installed_skyrl, skyrl_metrics
 
 __all__ = [
     "GENERATOR_OUTPUT_KEYS",
@@ -201,10 +202,15 @@ class BatchOutput:
         - there is no ``is_placeholder`` key: a placeholder is a row whose stop reason is
           ``"rollout_error"``, as in SkyRL's generator, and ``from_dict`` reads the flags back from that.
 
+        Where the ``skyrl`` package imports, the dict is what that release reads as its own: exactly the
+        keys of its ``GeneratorOutput`` (text models: a key it lacks, such as 0.3.0's missing
+        ``trajectory_time_splits``, is left out, and one it adds is None), its own ``TrajectoryID``
+        objects, and the metrics ``skyrl_format.skyrl_metrics`` gives.
+
         Validate the batch first: a malformed batch is exported as it is.
         """
         ids = self.trajectory_ids
-        return {
+        exported = {
             "prompt_token_ids": _copy_rows(self.prompt_token_ids),
             "response_ids": _copy_rows(self.response_ids),
             "rewards": _copy_rows(self.rewards),
@@ -223,6 +229,15 @@ class BatchOutput:
             if self.env_metrics is None
             else [dict(row) if isinstance(row, Mapping) else row for row in self.env_metrics],
         }
+        release = installed_skyrl()
+        if release is None:
+            return exported
+        if exported["trajectory_ids"] is not None:
+            exported["trajectory_ids"] = [
+                release.trajectory_id(t.instance_id, t.repetition) for t in ids if t is not None
+            ]
+        exported["rollout_metrics"] = skyrl_metrics(self.rollout_metrics, release)
+        return {key: exported.get(key) for key in release.keys}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchOutput:

@@ -28,11 +28,19 @@ class Sampling:
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """One generation: the sampled token ids, their logprobs (when asked for) and why it stopped."""
+    """One generation: the sampled token ids, their logprobs (when asked for) and why it stopped.
+
+    ``text`` is the engine's own decoding of the ids, when it gives one (the env then gets it as the
+    action; otherwise the runner decodes the ids). ``appended_eos`` says the last id is an end-of-turn
+    token the engine's wrapper appended and the model did not generate (SkyRL's generator does so after
+    a stop string): it is loss-masked.
+    """
 
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: FinishReason
+    text: str | None = None
+    appended_eos: bool = False
 
 
 @runtime_checkable

@@ -80,6 +80,23 @@ class ChatCodec:
         """:meth:`observation`, encoded with the other conversations asked for in this pass of the loop."""
         return self._continuation(await self._enqueue([*_BASE_CONVERSATION, *messages]))
 
+    async def skyrl_observation(self, messages: Sequence[ChatMessage], *, done: bool) -> list[int]:
+        """An observation's ids as SkyRL's generator makes them: the generation prompt only while the
+        episode goes on, and with no messages the generation prompt alone (nothing once done)."""
+        if not messages:
+            return [] if done else list(self.generation_prompt_ids)
+        if not done:
+            return await self.encode_observation(messages)
+        conversation = [*_BASE_CONVERSATION, *messages]
+        return self._continuation(chat_ids(self.tokenizer, conversation, add_generation_prompt=False))
+
+    @functools.cached_property
+    def generation_prompt_ids(self) -> list[int]:
+        """What the template adds for ``add_generation_prompt`` after a message (SkyRL's method)."""
+        empty: list[ChatMessage] = [{"role": "user", "content": ""}]
+        bare = chat_ids(self.tokenizer, empty, add_generation_prompt=False)
+        return chat_ids(self.tokenizer, empty, add_generation_prompt=True)[len(bare) :]
+
     def decode(self, token_ids: list[int]) -> str:
         """Generated ids as text, special tokens skipped."""
         return self._decode(token_ids)

@@ -7,6 +7,7 @@ call at a time per env (built and reset in one call), and closed on every exit p
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -23,10 +24,11 @@ from gym_resilience.errors import (
 )
 from gym_resilience.metrics import log_close_failure
 from gym_resilience.rollout.checks import check_generation, checked_step, numeric_info
-from gym_resilience.rollout.codec import as_messages
+from gym_resilience.rollout.codec import ChatCodec, as_messages
 from gym_resilience.rollout.context import RolloutContext
 from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, env_node, open_env
 from gym_resilience.rollout.progress import enter_rollout
+from gym_resilience.tasks import ChatMessage
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory
 
 __all__ = ["run_agent_loop"]
@@ -47,12 +49,20 @@ class _Transcript:
     steps: list[Trajectory] = field(default_factory=list)
     stop_reason: str = "stop"
     info: Mapping[str, Any] = field(default_factory=dict)
+    last_generated: int = 0  # the response's length up to its last generated token
 
     def add_generated(self, generation: Generation) -> None:
         self.response_ids += generation.token_ids
-        self.loss_mask += [1] * len(generation.token_ids)
+        self.loss_mask += _generated_mask(generation)
+        self.last_generated = len(self.response_ids)
         if self.keep_logprobs:
             self.logprobs += generation.logprobs or [0.0] * len(generation.token_ids)
+
+    def drop_trailing_env_tokens(self) -> None:
+        """Cut the tokens after the last generated one (SkyRL drops an observation nothing answered)."""
+        del self.response_ids[self.last_generated :], self.loss_mask[self.last_generated :]
+        if self.keep_logprobs:
+            del self.logprobs[self.last_generated :]
 
     def add_env_tokens(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
@@ -61,13 +71,21 @@ class _Transcript:
             self.logprobs += [0.0] * len(token_ids)
 
 
-def _reward(value: float, length: int, token_level: bool) -> float | list[float]:
-    """A turn's reward: a float, or token-level with the reward on the last token."""
+def _generated_mask(generation: Generation) -> list[int]:
+    """1 for each generated token; 0 for an end-of-turn token the engine's wrapper appended."""
+    mask = [1] * len(generation.token_ids)
+    if generation.appended_eos and mask:
+        mask[-1] = 0
+    return mask
+
+
+def _reward(value: float, length: int, token_level: bool, at: int | None = None) -> float | list[float]:
+    """A turn's reward: a float, or token-level with the reward on token ``at`` (default: the last)."""
     if not token_level:
         return value
     rewards = [0.0] * length
     if length:
-        rewards[-1] = value
+        rewards[length - 1 if at is None else at] = value
     return rewards
 
 
@@ -105,7 +123,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
             rollout.start_line.leave(rollout.index)  # failed before the line: the others go on now
             raise
         prompt_ids = await rollout.start_line.first_prompt(rollout.index, opening)
-        return await _turns(rollout, env, call, prompt_ids)
+        return await _turns(rollout, env, call, prompt_ids, opening)
 
     try:
         result = await _within_rollout_deadline(rollout, episode())
@@ -160,19 +178,33 @@ async def _within_rollout_deadline(rollout: RolloutContext, episode: Coroutine[A
 
 
 async def _turns(
-    rollout: RolloutContext, env: ResilientEnv[Any, Any], call: EnvCalls, prompt_ids: list[int]
+    rollout: RolloutContext,
+    env: ResilientEnv[Any, Any],
+    call: EnvCalls,
+    prompt_ids: list[int],
+    opening: list[ChatMessage],
 ) -> AnyTrajectory:
     codec, config, progress = rollout.codec, rollout.config, rollout.progress
+    skyrl = config.token_layout == "skyrl"
+    # SkyRL's step-wise layout: every step's prompt is the template applied to the decoded history.
+    history: list[ChatMessage] | None = copy.deepcopy(opening) if skyrl and config.step_wise else None
+    step_prompt = prompt_ids
     record = _Transcript(prompt_ids=prompt_ids, keep_logprobs=config.logprobs)
     for turn in range(config.max_turns):
         input_ids = prompt_ids + record.response_ids
         progress.phase, progress.turn = "generate", turn
-        if config.max_input_length is not None and len(input_ids) > config.max_input_length:
+        # SkyRL's step-wise loop checks the length of the previous step's prompt.
+        checked = step_prompt if history is not None else input_ids
+        if config.max_input_length is not None and len(checked) > config.max_input_length:
             if turn == 0 and not config.step_wise:  # step-wise, a rollout with no steps is SkyRL's too
                 length = f"the prompt has {len(input_ids)} tokens, over max_input_length"
                 raise _no_response(rollout, f"{length} {config.max_input_length}")
             record.stop_reason = "length"
+            if skyrl:
+                record.drop_trailing_env_tokens()
             break
+        if history is not None and turn:
+            step_prompt = input_ids = await codec.encode_prompt(history)
         generation = await _generate(rollout, input_ids)
         check_generation(rollout.engine, generation, logprobs=config.logprobs)
         # No tokens would make a trajectory with no response at the first turn, or, step-wise, a step
@@ -187,32 +219,75 @@ async def _turns(
         if aborted:
             break
         progress.phase = "step"
-        action = codec.decode(generation.token_ids)
+        action = generation.text if generation.text is not None else codec.decode(generation.token_ids)
         last_turn = turn == config.max_turns - 1  # the env is closed next, whatever its step does
         observation, reward, terminated, truncated, info = checked_step(
             await (call.timed(call.last_step(env, action)) if last_turn else call(env.step, action))
         )
         record.info = info
         record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
-        if config.step_wise:
+        done = terminated or truncated
+        if history is not None:
+            observed = as_messages(observation)
+            obs_ids = await codec.skyrl_observation(observed, done=done)
+            history += [_assistant(action, codec), *observed]
+            record.steps.append(_skyrl_step(rollout, input_ids, generation, obs_ids, float(reward), info))
+        elif config.step_wise:
             record.steps.append(
                 Trajectory(
                     prompt_ids=list(input_ids),
                     response_ids=list(generation.token_ids),
                     reward=_reward(float(reward), len(generation.token_ids), config.token_level_rewards),
-                    loss_mask=[1] * len(generation.token_ids),
+                    loss_mask=_generated_mask(generation),
                     stop_reason=generation.finish_reason,
                     rollout_logprobs=list(generation.logprobs or []) if config.logprobs else None,
                     env_metrics=numeric_info(info),
                     trajectory_id=rollout.trajectory_id,
                 )
             )
-        if terminated or truncated or last_turn:
+        if done or last_turn:
             break
+        if history is not None:
+            continue
+        if skyrl:  # SkyRL's generator goes straight on with the observation, after any turn
+            record.add_env_tokens(await codec.skyrl_observation(as_messages(observation), done=False))
+            continue
         if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
             record.add_env_tokens([codec.eos_token_id])
         record.add_env_tokens(await codec.encode_observation(as_messages(observation)))
     return _finish(record, rollout)
+
+
+def _assistant(action: str, codec: ChatCodec) -> ChatMessage:
+    """The assistant's message for the history, its end-of-turn text removed (the template adds it)."""
+    eos = getattr(codec.tokenizer, "eos_token", None)
+    if isinstance(eos, str) and eos and action.endswith(eos):
+        action = action[: -len(eos)]
+    return {"role": "assistant", "content": action}
+
+
+def _skyrl_step(
+    rollout: RolloutContext,
+    prompt_ids: list[int],
+    generation: Generation,
+    obs_ids: list[int],
+    reward: float,
+    info: Mapping[str, Any],
+) -> Trajectory:
+    """One step as SkyRL's generator makes it: the generated ids and the observation's, its reward on
+    the last generated token."""
+    config, generated = rollout.config, len(generation.token_ids)
+    length = generated + len(obs_ids)
+    return Trajectory(
+        prompt_ids=list(prompt_ids),
+        response_ids=[*generation.token_ids, *obs_ids],
+        reward=_reward(reward, length, config.token_level_rewards, at=generated - 1),
+        loss_mask=[*_generated_mask(generation), *[0] * len(obs_ids)],
+        stop_reason=generation.finish_reason,
+        rollout_logprobs=[*(generation.logprobs or []), *[0.0] * len(obs_ids)] if config.logprobs else None,
+        env_metrics=numeric_info(info),
+        trajectory_id=rollout.trajectory_id,
+    )
 
 
 def _no_response(rollout: RolloutContext, why: str) -> RolloutError:
