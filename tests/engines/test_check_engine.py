@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import pickle
 import random
+import re
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -390,3 +395,39 @@ def test_the_contract_error_lists_every_problem_and_survives_a_pickle_round_trip
     assert type(restored) is EngineContractError and isinstance(restored, EngineError)
     assert (str(restored), restored.problems, restored.engine) == (str(error), error.problems, "MyEngine")
 
+
+# -- the doc's example -----------------------------------------------------------------------------
+
+ENGINE_DOC = Path(__file__).resolve().parents[2] / "docs" / "your-own-engine.md"
+MAX_TOKENS_TEST = "            if len(tokens) == sampling.max_tokens:\n"
+
+
+def run_doc_example(source: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    script = directory / "your_own_engine.py"
+    script.write_text(source, encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+def test_the_engine_docs_example_passes_check_engine_and_without_its_max_tokens_test_fails_as_shown(
+    tmp_path: Path,
+) -> None:
+    page = ENGINE_DOC.read_text(encoding="utf-8")
+    example = re.search(r"^```python\n(.*?)^```$", page, re.MULTILINE | re.DOTALL)
+    assert example is not None
+    passing = run_doc_example(example[1], tmp_path)
+    assert passing.returncode == 0, passing.stderr[-3000:]
+    assert passing.stdout == "ReverseEngine keeps the engine contract\n"
+
+    assert MAX_TOKENS_TEST in example[1]
+    broken = run_doc_example(example[1].replace(MAX_TOKENS_TEST, "            if False:\n"), tmp_path)
+    shown = re.search(r"^```\n(gym_resilience\.errors\.EngineContractError: .*?)^```$", page, re.M | re.S)
+    assert shown is not None
+    assert broken.returncode == 1 and broken.stderr.endswith(shown[1]), broken.stderr[-3000:]
