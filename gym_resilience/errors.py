@@ -14,7 +14,8 @@ The tree::
     ├── EngineError                     an engine failed to serve a request
     │   ├── EngineClosedError           (also RuntimeError) used before start or after close
     │   ├── EngineDeadError             the engine (or every endpoint) died
-    │   └── EngineRequestError          (also ValueError) the engine rejected the request as invalid
+    │   ├── EngineRequestError          (also ValueError) the engine rejected the request as invalid
+    │   └── EngineContractError         check_engine found the engine breaking the runner's contract
     ├── DependencyNotInstalledError     (also ImportError) an optional dependency is missing
     ├── BrokenDependencyError           (also ImportError) an installed dependency fails to import
     ├── RolloutError                    one rollout failed (index, phase, turn, elapsed)
@@ -54,6 +55,7 @@ __all__ = [
     "BrokenDependencyError",
     "DependencyNotInstalledError",
     "EngineClosedError",
+    "EngineContractError",
     "EngineDeadError",
     "EngineError",
     "EngineRequestError",
@@ -407,6 +409,22 @@ class EngineRequestError(EngineError, ValueError):
 
     Fix the request; retrying it unchanged fails again.
     """
+
+
+class EngineContractError(EngineError):
+    """Raised when ``check_engine`` found an engine breaking the contract the runner relies on.
+
+    ``problems`` lists every problem found (each names the part of the contract it breaks), not just the
+    first; ``engine`` is the engine's type name. Fix the engine; the runner would fail its rollouts, or
+    keep data no trainer can use.
+    """
+
+    def __init__(self, problems: Sequence[str], *, engine: str) -> None:
+        self.problems = tuple(problems)
+        self.engine = engine
+        listed = "\n".join(f"  - {problem}" for problem in self.problems)
+        count = f"{len(self.problems)} problem{'' if len(self.problems) == 1 else 's'}"
+        super().__init__(f"{engine} breaks the engine contract ({count}):\n{listed}")
 
 
 class DependencyNotInstalledError(GymResilienceError, ImportError):

@@ -1,10 +1,12 @@
-"""What the tests of both vLLM engines share: a chat prompt, waiting for a condition, child processes, bad
-requests."""
+"""What the tests of both vLLM engines share: a chat prompt, waiting for a condition, child processes and
+engine threads, bad requests."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing.resource_tracker
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -61,3 +63,21 @@ async def a_bad_request_fails_alone(engine: Any, prompt: Any, sampling: Sampling
     next_one = Sampling(max_tokens=4, temperature=1.0, seed=3)
     generation = await asyncio.wait_for(engine.generate(chat_prompt(engine), next_one), 30)
     assert len(generation.token_ids) == 4 and engine.is_running
+
+
+def engine_threads() -> list[threading.Thread]:
+    """The threads that step an in-process engine."""
+    return [thread for thread in threading.enumerate() if thread.name == "gym-resilience-vllm"]
+
+
+def resource_tracker_pid() -> int | None:
+    """The pid of multiprocessing's resource tracker, if it runs. vLLM starts its engine process with
+    `spawn`, which starts the tracker once per interpreter; it belongs to Python, lives until exit, and is
+    no engine process."""
+    tracker: Any = multiprocessing.resource_tracker._resource_tracker
+    return tracker._pid
+
+
+def leftovers(before: set[int]) -> set[int]:
+    """Child processes of this one that were not there ``before`` (the resource tracker aside)."""
+    return child_pids() - before - {resource_tracker_pid()}

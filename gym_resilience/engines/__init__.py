@@ -4,7 +4,8 @@
 this process; ``make_vllm_engine`` picks it on CPU) and ``OpenAIEngine`` (served vLLM endpoints with
 failover) load lazily: vllm and httpx are imported only when used. ``VLLMArgs`` is the one description
 of a vLLM engine's arguments. Servers to serve vLLM from are started by
-``gym_resilience.testing_servers``.
+``gym_resilience.testing_servers``. ``await check_engine(engine)`` checks that an engine of your own
+keeps the contract the runner relies on.
 """
 
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from gym_resilience.engines.base import Engine, FinishReason, Generation, Sampli
 from gym_resilience.engines.vllm_args import VLLMArgs
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types (``__getattr__`` returns ``object``)
+    from gym_resilience.engines.check import check_engine
     from gym_resilience.engines.local import make_vllm_engine
     from gym_resilience.engines.openai import OpenAIEngine, OpenAIEngineStats
     from gym_resilience.engines.vllm import VLLMEngine
@@ -29,6 +31,7 @@ __all__ = [
     "Tokenizer",
     "VLLMArgs",
     "VLLMEngine",
+    "check_engine",
     "make_vllm_engine",
 ]
 
@@ -36,6 +39,7 @@ _LAZY = {
     "VLLMEngine": "gym_resilience.engines.vllm",
     "InProcessVLLMEngine": "gym_resilience.engines.vllm_inprocess",
     "make_vllm_engine": "gym_resilience.engines.local",
+    "check_engine": "gym_resilience.engines.check",
     "OpenAIEngine": "gym_resilience.engines.openai",
     "OpenAIEngineStats": "gym_resilience.engines.openai",
 }

