@@ -67,7 +67,7 @@ async def session_engine(tiny_model: Path) -> AsyncIterator[SessionEngine]:
 async def vllm_engine(session_engine: SessionEngine) -> InProcessVLLMEngine | VLLMEngine:
     """The session's engine. It runs in the session event loop, which the async tests share (pyproject
     sets both default loop scopes to ``session``), and is shut down when the session ends. Tests of the
-    async engine itself start theirs in ``test_vllm_engine.py``."""
+    async engine itself share one started in ``tests/engines/conftest.py``."""
     return await session_engine.get()
 
 

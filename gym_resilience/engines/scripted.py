@@ -45,10 +45,14 @@ Script = Callable[[list[int], Sampling, int], Generation | Awaitable[Generation]
 
 
 def echo_script(prompt_ids: list[int], sampling: Sampling, call_index: int) -> Generation:
-    """Deterministic text from the prompt's hash: same prompt, same answer, like greedy decoding."""
+    """Deterministic text from the prompt's hash: same prompt, same answer, like greedy decoding; it ends
+    at the first of ``sampling.stop_token_ids`` as vLLM's would."""
     digest = hashlib.blake2b(bytes(str(prompt_ids), "ascii"), digest_size=32).digest()
     answer = [ord("a") + byte % 26 + CharTokenizer._offset for byte in digest[: 8 + digest[0] % 8]]
     answer.append(CharTokenizer.eos_token_id or 0)
+    stops = set(sampling.stop_token_ids)
+    end = next((index + 1 for index, token in enumerate(answer) if token in stops), len(answer))
+    answer = answer[:end]  # a stop token ends the answer, kept, as vLLM keeps it
     token_ids = answer[: sampling.max_tokens]
     finished = len(token_ids) == len(answer)
     logprobs = [-0.5] * len(token_ids) if sampling.logprobs else None

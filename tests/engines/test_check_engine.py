@@ -146,6 +146,10 @@ async def test_a_scripted_engine_that_keeps_the_contract_passes_check_engine() -
     assert engine.calls == 20 and engine.cancelled == 0  # the request to cancel was done before
 
 
+async def test_the_scripted_engine_as_it_comes_passes_check_engine() -> None:
+    await check_engine(ScriptedEngine())
+
+
 async def test_an_engine_that_answers_after_a_delay_and_honours_cancellation_passes_check_engine() -> None:
     engine = ScriptedEngine(script=keeps_the_contract, delay_s=0.1)
     await check_engine(engine)
@@ -246,7 +250,7 @@ STOP_TOKEN = ord("p") + 8
             id="abort-uncancelled",
         ),
         pytest.param(
-            ScriptedEngine(),  # echo_script answers whatever the stop tokens
+            ScriptedEngine(script=lambda p, s, i: echo_script(p, replace(s, stop_token_ids=()), i)),
             [f"stop_token_ids: generation went on past stop token id {STOP_TOKEN} (finish 'length')"],
             id="ignores-stop-tokens",
         ),
