@@ -18,7 +18,7 @@ import gymnasium
 from gym_resilience.config import RunnerConfig
 from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import describe_exception
-from gym_resilience.isolation import IsolatedEnv, StartAbort
+from gym_resilience.isolation import IsolatedEnv, StartAbort, checked_env
 from gym_resilience.tasks import Task
 from gym_resilience.worker_env import WorkerEnv
 
@@ -38,20 +38,19 @@ def make_env(
     its teardown, under ``close_timeout_s``, so the close is never part of the failed call (and of the
     rollout's deadline)."""
     if config.env_backend == "thread":
-        raw = env_factory(task)
+        # No env: a TypeError, the same as a worker process's or an actor's (what was returned is closed).
+        raw = checked_env(env_factory(task), env_factory)
         if isinstance(raw, ResilientEnv):
             return raw
         try:
             return ResilientEnv(raw, close_on_error=False)
-        except BaseException as exc:  # not an env ResilientEnv can wrap: what the factory built is closed
-            close = getattr(raw, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception as close_error:
-                    exc.add_note(
-                        f"closing what env_factory returned also failed: {describe_exception(close_error)}"
-                    )
+        except BaseException as exc:  # an env ResilientEnv cannot wrap: what the factory built is closed
+            try:
+                raw.close()
+            except Exception as close_error:
+                exc.add_note(
+                    f"closing what env_factory returned also failed: {describe_exception(close_error)}"
+                )
             raise
     env_fn = functools.partial(env_factory, task)
     deadlines: dict[str, Any] = {

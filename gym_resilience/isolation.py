@@ -43,6 +43,7 @@ import abc
 import atexit
 import contextlib
 import enum
+import functools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -51,6 +52,7 @@ import multiprocessing.spawn
 import multiprocessing.util  # before atexit.register below: see _close_workers_at_exit
 import os
 import pickle
+import reprlib
 import signal
 import sys
 import threading
@@ -83,7 +85,7 @@ from gym_resilience.errors import (
 )
 from gym_resilience.worker_env import Killable, WorkerEnv
 
-__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv", "RemoteEnv", "StartAbort"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "EnvFn", "IsolatedEnv", "RemoteEnv", "StartAbort", "checked_env"]
 
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 """How long ``close()`` waits for an isolated env to close before killing its worker."""
@@ -184,12 +186,76 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+_value_repr = reprlib.Repr()
+_value_repr.maxstring = _value_repr.maxother = 80
+
+
+def _qualified_name(named: object) -> str:
+    """``module.qualname`` of a class or function (``qualname`` alone for a builtin); the main script is
+    ``__main__`` in a worker process too (where multiprocessing imports it as ``__mp_main__``)."""
+    module = getattr(named, "__module__", None)
+    if module == "__mp_main__":
+        module = "__main__"
+    name = getattr(named, "__qualname__", None) or getattr(named, "__name__", "?")
+    return str(name) if module in (None, "builtins") else f"{module}.{name}"
+
+
+def _factory_name(factory: object) -> str:
+    """The factory's qualified name, the same in every process: a partial's function (a backend that
+    builds the env elsewhere binds the task with one), a callable object's type."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    try:
+        if isinstance(factory, type) or isinstance(getattr(factory, "__qualname__", None), str):
+            return _qualified_name(factory)
+    except Exception:  # a hostile __getattr__
+        pass
+    return f"{_qualified_name(type(factory))} object"
+
+
+def _describe_value(value: object) -> str:
+    """What a factory returned instead of an env, and what was expected."""
+    if value is None:
+        return "None, expected a gymnasium.Env"
+    if isinstance(value, type):
+        instance = " (an instance of it)" if issubclass(value, gymnasium.Env) else ""
+        return f"the class {_qualified_name(value)}, expected a gymnasium.Env{instance}"
+    try:
+        shown = _value_repr.repr(value)
+    except Exception:  # reprlib survives most broken reprs, not all
+        shown = "<unprintable>"
+    return f"{shown} (of type {_qualified_name(type(value))}), expected a gymnasium.Env"
+
+
+def checked_env(value: object, factory: object) -> gymnasium.Env[Any, Any]:
+    """``value``, what ``factory`` returned, if it is an env: the one check of every backend's envs.
+
+    Raises:
+        TypeError: ``value`` is no ``gymnasium.Env``; the message names ``factory`` and ``value``. A
+            ``value`` with a ``close()`` (not a class) was closed first; a failure of that close is a note.
+    """
+    if isinstance(value, gymnasium.Env):
+        return value
+    error = TypeError(f"env factory {_factory_name(factory)} returned {_describe_value(value)}")
+    if not isinstance(value, type):  # a class's close is a function that wants an instance
+        try:
+            close = getattr(value, "close", None)
+            if callable(close):
+                close()
+        except Exception as close_error:
+            error.add_note(
+                f"closing what the env factory returned also failed: {describe_exception(close_error)}"
+            )
+    raise error
+
+
 def build_env(env_fn: EnvFn) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
     """Builds the env where it will live: the env and the ``("ok", description)`` reply, or None and the
-    ``("raised", ...)`` reply saying what ``env_fn`` raised (an env it built then is closed)."""
+    ``("raised", ...)`` reply saying what ``env_fn`` raised, or that it returned no env (see
+    :func:`checked_env`; an env it built is closed when describing it fails)."""
     env: gymnasium.Env[Any, Any] | None = None
     try:
-        env = env_fn()
+        env = checked_env(env_fn(), env_fn)
         return env, bytes(ForkingPickler.dumps(("ok", _describe(env))))
     except BaseException as exc:
         if env is not None:

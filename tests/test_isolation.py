@@ -308,6 +308,18 @@ def test_a_factory_that_raises_in_the_worker_raises_its_exception_and_leaves_no_
     assert descendants() <= before | multiprocessing_helpers()
 
 
+def test_an_isolated_factory_that_returns_no_env_raises_a_type_error_naming_it_and_leaves_no_worker() -> None:
+    before = descendants() | multiprocessing_helpers()
+    with pytest.raises(TypeError) as caught:
+        ResilientEnv.isolated(functools.partial(dict, observation="hi"))  # type: ignore[arg-type]
+    assert (
+        str(caught.value)
+        == "env factory dict returned {'observation': 'hi'} (of type dict), expected a gymnasium.Env"
+    )
+    assert any("raised in the env's worker process" in note for note in caught.value.__notes__)
+    assert descendants() <= before | multiprocessing_helpers()
+
+
 # --- errors raised in the worker ---------------------------------------------------------------------
 
 

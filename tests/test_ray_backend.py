@@ -45,7 +45,7 @@ from gym_resilience import (
     without_timings,
 )
 from gym_resilience.engines.scripted import ScriptedEngine
-from gym_resilience.errors import is_transient
+from gym_resilience.errors import is_transient, root_cause
 from gym_resilience.isolation import StartAbort
 from gym_resilience.ray_env import RayEnv
 from gym_resilience.task_gen import generate_tasks, word_game_factory
@@ -297,6 +297,59 @@ def failing_for_task_2(task: Task) -> ScriptableEnv:
 
 def plain_tasks(n: int) -> list[Task]:
     return [Task(prompt=[{"role": "user", "content": f"task {i}"}], instance_id=f"t{i}") for i in range(n)]
+
+
+def returns(value: Any, task: Task) -> Any:
+    """An env factory that returns ``value``."""
+    return value
+
+
+class ClosableNotAnEnv:
+    """Something with a ``close()`` that is no env: each close is a line in ``path``, on any node."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __repr__(self) -> str:
+        return "ClosableNotAnEnv()"
+
+    def close(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write("closed\n")
+
+
+async def test_a_factory_that_returns_no_env_fails_with_the_threads_type_error_and_leaves_no_actor(
+    ray_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    seen: dict[str, list[tuple[type[BaseException], str, str]]] = {"thread": [], "ray": []}
+    for backend, failures in seen.items():
+        closes = tmp_path / f"{backend}.closes"
+        for returned in (None, ClosableNotAnEnv(str(closes))):
+            config = RunnerConfig(max_turns=1, env_backend=backend)  # type: ignore[arg-type]
+            runner = BatchRunner(ScriptedEngine(), functools.partial(returns, returned), config)
+            with pytest.raises(TypeError) as caught:
+                await runner.generate(plain_tasks(1))
+            assert root_cause(caught.value) is caught.value
+            failures.append(
+                (type(caught.value), str(caught.value), closes.read_text() if closes.exists() else "")
+            )
+    assert (
+        seen["ray"]
+        == seen["thread"]
+        == [
+            (TypeError, f"env factory {__name__}.returns returned None, expected a gymnasium.Env", ""),
+            (
+                TypeError,
+                f"env factory {__name__}.returns returned ClosableNotAnEnv() "
+                f"(of type {__name__}.ClosableNotAnEnv), expected a gymnasium.Env",
+                "closed\n",
+            ),
+        ]
+    )
+    made = {record.actor_id for record in ray_cluster.actors(HOST)} - before
+    assert len(made) == 2
+    assert_dead(ray_cluster, *made)
 
 
 async def test_a_failed_batch_leaves_no_env_actor_alive(ray_cluster: LocalCluster) -> None:

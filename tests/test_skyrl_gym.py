@@ -8,6 +8,7 @@ generation on the bundled tiny model, whose text is nonsense, so they check stru
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import logging
 import pickle
@@ -21,7 +22,12 @@ from typing import Any
 import pytest
 import skyrl_envs
 from doubles import Fault
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from skyrl_envs import FLAKY_ID, TUPLE_STEP_ID, faults
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+from skyrl_gym.envs.registration import EnvSpec as SkyRLEnvSpec
 
 from gym_resilience import (
     BatchRunner,
@@ -36,6 +42,7 @@ from gym_resilience import (
 )
 from gym_resilience.adapters.skyrl_gym import SkyRLGymEnv, skyrl_gym_factory
 from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.errors import root_cause
 from gym_resilience.trajectories import GENERATOR_OUTPUT_KEYS
 
 GOLD_SQL = "SELECT name FROM singer ORDER BY age DESC LIMIT 1"
@@ -127,6 +134,188 @@ def test_a_second_reset_starts_a_fresh_episode_from_a_new_env() -> None:
     env.reset()
     assert env.env is not first
     assert env.step("c")[4] == {"steps": 1}
+
+
+# Every skyrl-gym env the adapter builds is closed exactly once, whatever fails.
+
+
+class InjectedError(RuntimeError):
+    """What a counting env raises where its ledger says; the message names the fault."""
+
+
+@dataclasses.dataclass
+class Ledger:
+    """The envs a counting env's adapter built and closed (by serial number), and the faults to inject."""
+
+    built: list[int] = dataclasses.field(default_factory=list)
+    closes: list[int] = dataclasses.field(default_factory=list)
+    fault: str | None = None  # "build", "init", "step" or "close": that call of any env raises
+
+    def fire(self, where: str) -> None:
+        if self.fault == where:
+            raise InjectedError(where)
+
+
+class CountingTextEnv(BaseTextEnv):
+    """A skyrl-gym env that records its build and each close in ``ledger``, and fails where it says."""
+
+    def __init__(self, ledger: Ledger, env_config: Any = None, extras: Any = None) -> None:
+        ledger.fire("build")
+        super().__init__()
+        self.ledger = ledger
+        self.serial = len(ledger.built)
+        ledger.built.append(self.serial)
+
+    def init(self, prompt: Any) -> Any:
+        self.ledger.fire("init")
+        return prompt, {}
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        self.ledger.fire("step")
+        self.turns += 1
+        return BaseTextEnvStepOutput(observations=[], reward=0.0, done=False, metadata={})
+
+    def close(self) -> None:
+        self.ledger.closes.append(self.serial)  # counted first: a close that raises still ran
+        self.ledger.fire("close")
+
+
+def counting_env(ledger: Ledger) -> SkyRLGymEnv:
+    spec = SkyRLEnvSpec(id="counting", entry_point=functools.partial(CountingTextEnv, ledger))
+    return SkyRLGymEnv(spec, prompt=task(0).prompt, extras={})
+
+
+def outcome(call: Any, ledger: Ledger, fault: str | None) -> str | None:
+    """``call()`` with ``fault`` injected: None, or its failure's root cause as ``"Type: message"``."""
+    ledger.fault = fault
+    try:
+        call()
+    except Exception as error:
+        cause = root_cause(error)
+        return f"{type(cause).__name__}: {cause}"
+    finally:
+        ledger.fault = None
+    return None
+
+
+CLOSED = "EnvClosedError: cannot reset: the env is closed [skyrl_gym/counting]"
+ORDERINGS: dict[str, list[tuple[str, str | None, str | None]]] = {
+    # (operation, the fault injected, the root cause of its failure)
+    "reset, reset failing at its rebuild, close": [
+        ("reset", None, None),
+        ("reset", "build", "InjectedError: build"),
+        ("close", None, None),
+    ],
+    "reset, reset failing in init, close": [
+        ("reset", None, None),
+        ("reset", "init", "InjectedError: init"),
+        ("close", None, None),
+    ],
+    "reset, reset failing to close the old env, close": [
+        ("reset", None, None),
+        ("reset", "close", "InjectedError: close"),
+        ("close", None, None),
+    ],
+    "reset, close, close": [("reset", None, None), ("close", None, None), ("close", None, None)],
+    "reset, close failing, close": [
+        ("reset", None, None),
+        ("close", "close", "InjectedError: close"),
+        ("close", None, None),
+    ],
+    "reset, close, reset": [("reset", None, None), ("close", None, None), ("reset", None, CLOSED)],
+}
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["adapter", "resilient-env"])
+@pytest.mark.parametrize("ordering", ORDERINGS)
+def test_every_skyrl_env_the_adapter_builds_is_closed_exactly_once_whatever_fails(
+    ordering: str, wrapped: bool
+) -> None:
+    ledger = Ledger()
+    adapter = counting_env(ledger)
+    env: Any = ResilientEnv(adapter) if wrapped else adapter
+    calls = {"reset": env.reset, "close": env.close}
+    seen = [
+        (operation, fault, outcome(calls[operation], ledger, fault))
+        for operation, fault, _ in ORDERINGS[ordering]
+    ]
+    assert seen == ORDERINGS[ordering]
+    assert sorted(ledger.closes) == ledger.built
+
+
+def test_a_step_after_a_reset_that_failed_to_rebuild_raises_and_closes_nothing_twice() -> None:
+    ledger = Ledger()
+    env = counting_env(ledger)
+    env.reset()
+    assert outcome(env.reset, ledger, "build") == "InjectedError: build"
+    assert outcome(lambda: env.step("a"), ledger, None) == (
+        "RuntimeError: cannot step: the last reset failed before it built a skyrl-gym env"
+    )
+    env.close()
+    assert (ledger.built, ledger.closes) == ([0], [0])
+
+
+class SkyRLAdapterLifecycle(RuleBasedStateMachine):
+    """Random reset/step/close with faults on the adapter: models whether it is closed, whether it was
+    reset, and whether it holds an env; at most one built env is open, the one it holds, and none is
+    closed twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = Ledger()
+        self.env = counting_env(self.ledger)
+        self.closed = False
+        self.started = False
+        self.holds_env = True
+
+    @rule(fault=st.sampled_from([None, "build", "init", "close"]))
+    def reset(self, fault: str | None) -> None:
+        seen = outcome(self.env.reset, self.ledger, fault)
+        expected: str | None = None
+        if self.closed:
+            expected = CLOSED
+        elif self.started and self.holds_env and fault == "close":
+            expected, self.holds_env = "InjectedError: close", False
+        elif self.started and fault == "build":
+            expected, self.holds_env = "InjectedError: build", False
+        else:
+            self.holds_env = True
+            self.started = True
+            expected = "InjectedError: init" if fault == "init" else None
+        assert seen == expected
+
+    @rule(fault=st.sampled_from([None, "step"]))
+    def step(self, fault: str | None) -> None:
+        seen = outcome(lambda: self.env.step("a"), self.ledger, fault)
+        if self.closed:
+            expected = "EnvClosedError: cannot step: the env is closed [skyrl_gym/counting]"
+        elif not self.holds_env:
+            expected = "RuntimeError: cannot step: the last reset failed before it built a skyrl-gym env"
+        else:
+            expected = "InjectedError: step" if fault else None
+        assert seen == expected
+
+    @rule(fault=st.sampled_from([None, "close"]))
+    def close(self, fault: str | None) -> None:
+        seen = outcome(self.env.close, self.ledger, fault)
+        assert seen == ("InjectedError: close" if fault and self.holds_env and not self.closed else None)
+        self.closed, self.holds_env = True, False
+
+    @invariant()
+    def only_the_env_it_holds_is_open_and_none_was_closed_twice(self) -> None:
+        assert len(self.ledger.closes) == len(set(self.ledger.closes))
+        still_open = set(self.ledger.built) - set(self.ledger.closes)
+        assert still_open == ({self.env.env.serial} if self.holds_env else set())
+
+    def teardown(self) -> None:
+        self.env.close()
+        assert sorted(self.ledger.closes) == self.ledger.built
+
+
+SkyRLAdapterLifecycle.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+test_the_skyrl_adapter_closes_every_env_it_builds_exactly_once_in_any_order_of_calls_and_faults = (
+    SkyRLAdapterLifecycle.TestCase
+)
 
 
 def test_text2sql_runs_its_sql_tool_against_the_database_and_scores_the_solution(sql_root: Path) -> None:

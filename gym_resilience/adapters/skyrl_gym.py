@@ -44,6 +44,7 @@ from gym_resilience.envs.word_game import ChatMessages, reply_space
 from gym_resilience.errors import (
     BrokenDependencyError,
     DependencyNotInstalledError,
+    EnvClosedError,
     UnsupportedConfigError,
     describe_exception,
 )
@@ -119,8 +120,10 @@ class SkyRLGymEnv(gymnasium.Env[list[ChatMessage], str]):
     ``done`` and ``truncated`` is always False (a skyrl-gym env ends an episode at its own turn limit
     with ``done``). ``info`` is the step's ``metadata`` updated with the env's ``get_metrics()``, so the
     last step's numeric values become the trajectory's ``env_metrics``, as SkyRL's generator reads
-    ``get_metrics()`` at the end of the episode. ``close`` closes the env. A second ``reset`` builds the
-    env anew: a skyrl-gym env holds one episode.
+    ``get_metrics()`` at the end of the episode. ``close`` closes the env. A second ``reset`` closes the
+    env and builds it anew: a skyrl-gym env holds one episode. Every env it builds is closed exactly once,
+    whatever fails (its close, a rebuild, ``init``); once closed, ``reset`` and ``step`` raise
+    ``EnvClosedError``.
 
     Args:
         skyrl_spec: The env's skyrl-gym ``EnvSpec`` (``skyrl_gym.spec(env_id)``).
@@ -142,13 +145,16 @@ class SkyRLGymEnv(gymnasium.Env[list[ChatMessage], str]):
         self.observation_space = ChatMessages()
         self.action_space = reply_space()
         # skyrl-gym takes any id; Gymnasium's spec takes word characters, ':', '.' and '-' only.
-        self.spec = EnvSpec(id="skyrl_gym/" + re.sub(r"[^\w:.-]", "_", str(skyrl_spec.id)))
+        self._env_id = "skyrl_gym/" + re.sub(r"[^\w:.-]", "_", str(skyrl_spec.id))
+        self.spec = EnvSpec(id=self._env_id)
         self._skyrl_spec = skyrl_spec
         self._prompt = [dict(message) for message in prompt]
         self._extras = dict(extras)
         self._env_config = env_config
-        self.env = self._build()
         self._started = False
+        self._closed = False
+        self.env: Any = self._build()
+        """The skyrl-gym env of the current episode; None once closed, or when a reset failed to build one."""
 
     def _build(self) -> Any:
         # Deep copies: envs may edit their extras, and every repetition of a task shares them.
@@ -156,26 +162,47 @@ class SkyRLGymEnv(gymnasium.Env[list[ChatMessage], str]):
             self._skyrl_spec, env_config=_env_config(self._env_config), extras=copy.deepcopy(self._extras)
         )
 
+    def _current(self, operation: str) -> Any:
+        """The skyrl-gym env to run ``operation`` on."""
+        if self._closed:
+            raise EnvClosedError(operation=operation, env_id=self._env_id)
+        if self.env is None:
+            raise RuntimeError(f"cannot {operation}: the last reset failed before it built a skyrl-gym env")
+        return self.env
+
+    def _release(self) -> None:
+        """Closes the current skyrl-gym env, letting go of it first: every env it built is closed once,
+        even when its close raises (it then counts as closed), or a close or a build comes after."""
+        env, self.env = self.env, None
+        if env is not None:
+            env.close()
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[ChatMessage], dict[str, Any]]:
+        if self._closed:
+            raise EnvClosedError(operation="reset", env_id=self._env_id)
         super().reset(seed=seed)
         if self._started:
-            self.env.close()
+            self._release()
             self.env = self._build()
         self._started = True
         observations, metadata = _init_result(self.env.init(copy.deepcopy(self._prompt)))
         return observations, metadata
 
     def step(self, action: str) -> tuple[list[ChatMessage], Any, Any, bool, dict[str, Any]]:
-        observations, reward, done, info = _step_result(self.env.step(action))
-        get_metrics = getattr(self.env, "get_metrics", None)
+        env = self._current("step")
+        observations, reward, done, info = _step_result(env.step(action))
+        get_metrics = getattr(env, "get_metrics", None)
         if callable(get_metrics):
             info.update(get_metrics())
         return observations, reward, done, False, info
 
     def close(self) -> None:
-        self.env.close()
+        """Closes the skyrl-gym env, once: later calls, and a close after a failed reset, close nothing
+        twice."""
+        self._closed = True
+        self._release()
 
 
 @dataclass(frozen=True)
