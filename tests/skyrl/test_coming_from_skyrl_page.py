@@ -25,7 +25,7 @@ def override_block() -> str:
 
 async def test_the_pages_get_generator_override_builds_a_working_generator(tokenizer: Any) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(override_block(), str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own code
+    exec(compile(override_block(), str(PAGE), "exec"), namespace)
     exp_class = namespace["ResilientExp"]
     cfg = SkyRLTrainConfig(
         generator=generator_config(max_turns=2),
