@@ -1,7 +1,7 @@
 """What running envs in Ray actors costs: per-step overhead and rollouts/s, Ray against processes and threads.
 
-Starts a local Ray cluster (``harness.cluster.LocalCluster``) inside a loopback-only network namespace
-(``harness.netns``; needs root), then measures, side by side in one run:
+Starts a local Ray cluster (``harness.run.cluster.LocalCluster``) inside a loopback-only network namespace
+(``harness.run.netns``; needs root), then measures, side by side in one run:
 
 - per step: ``step`` on CartPole-v1 through ``ResilientEnv`` with the env in this process (``thread``), in
   a worker process (``process``, ``IsolatedEnv``) and in a Ray actor (``ray``, ``RayEnv``);
@@ -34,8 +34,8 @@ from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.isolation import IsolatedEnv
 from gym_resilience.ray_env import RayEnv
 from gym_resilience.testing import ScriptableEnv
-from harness.cluster import LocalCluster
-from harness.netns import loopback_namespace
+from harness.run.cluster import LocalCluster
+from harness.run.netns import loopback_namespace
 
 ENV_ID = "CartPole-v1"
 SEED = 0

@@ -9,7 +9,7 @@ run stays as it was.
 Items of a session share one event loop and one ``Bench`` (the vLLM engines), closed when the session
 ends. ``--chaos-device cuda`` runs vLLM on a GPU. When a collected scenario declares a Ray ``cluster``,
 the session enters a loopback-only network namespace once collection is done, before any test runs
-(see ``harness.replay``).
+(see ``harness.run`` and ``harness.judge``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _in_a_scenarios_folder(file_path: Path, rootpath: Path) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if any(isinstance(item, ScenarioItem) and _declares_cluster(item.path) for item in session.items):
-        from harness.replay import enter_cluster_namespace
+        from harness.run.clustered import enter_cluster_namespace
 
         refused = enter_cluster_namespace()
         if refused is not None:
@@ -77,7 +77,7 @@ def _declares_cluster(path: Path) -> bool:
     """Whether the scenario file at ``path`` declares a ``cluster`` (a file that cannot be read declares
     none: its item reports why)."""
     from gym_resilience import ScenarioError
-    from harness.source import parse_yaml, read_scenario_text
+    from harness.scenario.source import parse_yaml, read_scenario_text
 
     try:
         data = parse_yaml(read_scenario_text(path), str(path)).data
@@ -88,7 +88,7 @@ def _declares_cluster(path: Path) -> bool:
 
 def _bench(config: pytest.Config) -> tuple[asyncio.Runner, Any]:
     if _BENCH not in config.stash:
-        from harness.replay import Bench
+        from harness.run.bench import Bench
 
         runner = asyncio.Runner()
         config.stash[_BENCH] = (runner, Bench(device=config.getoption("--chaos-device")))
@@ -115,8 +115,8 @@ class ScenarioFailed(Exception):
 
 class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
-        from harness.loader import check_scenario
-        from harness.replay import run_scenario
+        from harness.judge.verdict import run_scenario
+        from harness.scenario.loader import check_scenario
 
         checked = check_scenario(self.path)
         if checked.scenario is None:  # every problem of the file, earliest first

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from harness.cluster import LocalCluster
+    from harness.run.cluster import LocalCluster
 
 CLUSTER_NODES = 3
 # The network namespace this process started in, opened before any fixture moves the main thread: tests of
@@ -29,8 +29,8 @@ TESTS = Path(__file__).resolve().parent
 def ray_cluster() -> Iterator[LocalCluster]:
     """A running 3-node cluster (one CPU per node) that this process is connected to as its driver."""
     # Imported here: ray takes a second to import, and most test runs never start a cluster.
-    from harness.cluster import LocalCluster
-    from harness.netns import loopback_namespace
+    from harness.run.cluster import LocalCluster
+    from harness.run.netns import loopback_namespace
 
     # Actors import the envs of the tests by reference (cloudpickle), from this folder.
     environment = {

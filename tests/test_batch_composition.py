@@ -19,7 +19,7 @@ import pytest
 from gym_resilience.engines import Generation, Sampling
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_args import checkpoint_dtype
-from harness.compare import LOGPROB_TOLERANCE
+from harness.judge.compare import LOGPROB_TOLERANCE
 
 pytestmark = pytest.mark.slow
 

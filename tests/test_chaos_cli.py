@@ -25,8 +25,8 @@ from gym_resilience.cache import cache_dir
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.models import TINY_MODEL_RECIPE
 from harness.cli import main, record_scenario
-from harness.replay import Bench
 from harness.reports import comparable_journal, load_journal
+from harness.run.bench import Bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -566,8 +566,9 @@ def test_the_engine_start_shows_apart_from_the_first_scenarios_runs_whose_times_
 def test_a_run_with_kill_actor_faults_says_once_that_ray_reports_the_workers_they_kill(
     tmp_path: Path, scripted_runs: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import harness.replay
-    from harness.results import ScenarioResult
+    import harness.judge.verdict
+    import harness.run.clustered
+    from harness.judge.results import ScenarioResult
 
     async def run_scenarios(scenarios, *, device, fail_fast, on_start, on_finish):  # type: ignore[no-untyped-def]
         results = []
@@ -578,8 +579,8 @@ def test_a_run_with_kill_actor_faults_says_once_that_ray_reports_the_workers_the
             on_finish(result)
         return results
 
-    monkeypatch.setattr(harness.replay, "run_scenarios", run_scenarios)
-    monkeypatch.setattr(harness.replay, "enter_cluster_namespace", lambda: None)
+    monkeypatch.setattr(harness.judge.verdict, "run_scenarios", run_scenarios)
+    monkeypatch.setattr(harness.run.clustered, "enter_cluster_namespace", lambda: None)
     killed_actor = str(SCENARIOS / "25_ray_actor_killed_mid_step.yaml")
     hung_env = str(SCENARIOS / "27_ray_hung_env_on_worker_node_is_killed.yaml")
     # A removed node takes its raylet with its workers: Ray reports nothing, so nothing is explained.
@@ -600,8 +601,8 @@ def test_a_run_with_kill_actor_faults_says_once_that_ray_reports_the_workers_the
 
 # Starts and stops a two-node cluster the way a scenario does, printing nothing of its own.
 CLUSTER = """\
-from harness.cluster import LocalCluster
-from harness.netns import enter_loopback_namespace
+from harness.run.cluster import LocalCluster
+from harness.run.netns import enter_loopback_namespace
 
 enter_loopback_namespace()
 with LocalCluster(2):

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import MAX_JOURNAL_BYTES, MAX_JOURNAL_NESTING, main
-from harness.loader import load_scenario
 from harness.reports.journal import write_atomically
-from harness.spec import PROBES
+from harness.scenario.loader import load_scenario
+from harness.scenario.spec import PROBE_NAMES as PROBES
 
 FUZZ = settings(
     max_examples=150,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gym_resilience import BatchOutput, Trajectory, TrajectoryId, build_batch_output
-from harness.compare import LOGPROB_TOLERANCE, TIE_MAX_LOGPROB, TIE_TOLERANCE, compare_outputs
+from harness.judge.compare import LOGPROB_TOLERANCE, TIE_MAX_LOGPROB, TIE_TOLERANCE, compare_outputs
 
 
 def trajectory(index: int, response: list[int], mask: list[int], logprobs: list[float]) -> Trajectory:
@@ -138,9 +138,9 @@ def test_placeholders_are_not_compared_and_a_missing_batch_is_no_verdict() -> No
 def test_a_deviation_names_its_first_difference_in_the_terminal_line_the_junit_message_and_the_picture(
     tmp_path,
 ) -> None:
+    from harness.judge.results import ProbeResult, RolloutSpan, RunJournal, ScenarioResult, TurnSpan
     from harness.reports import deviation_line, plot_timeline
     from harness.reports.junit import junit_tree
-    from harness.results import ProbeResult, RolloutSpan, RunJournal, ScenarioResult, TurnSpan
 
     changed = base_row(1)
     changed.response_ids[5] = 77

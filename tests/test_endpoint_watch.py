@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from harness.endpoints import EndpointWatch
+from harness.run.endpoints import EndpointWatch
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,12 @@ from harness.faults import (
     FaultyEnv,
     FaultyEnvFactory,
     SpanLog,
-    build_rollout_spans,
     read_firings,
 )
-from harness.names import resolve_exception
-from harness.results import FaultFiring
-from harness.spec import EngineFault, EnvFault, Fault, Targeting
+from harness.judge.rollouts import build_rollout_spans
+from harness.judge.results import FaultFiring
+from harness.scenario.names import resolve_exception
+from harness.scenario.spec import EngineFault, EnvFault, Fault, Targeting
 
 ROOT = Path(__file__).resolve().parent.parent
 

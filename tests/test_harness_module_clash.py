@@ -7,7 +7,7 @@ import inspect
 import secrets
 from pathlib import Path
 
-from harness.loader import load_suite
+from harness.scenario.loader import load_suite
 
 ENVS = """
 import gymnasium

@@ -21,8 +21,9 @@ import pytest
 import gym_resilience.models
 from gym_resilience.engines.scripted import ScriptedEngine
 from harness.cli import main
-from harness.loader import load_scenario
-from harness.replay import Bench, run_scenario
+from harness.judge.verdict import run_scenario
+from harness.run.bench import Bench
+from harness.scenario.loader import load_scenario
 
 ENVS = """
 import asyncio

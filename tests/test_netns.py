@@ -20,7 +20,7 @@ from typing import TypeVar
 import pytest
 from ray_fixtures import ORIGIN_NAMESPACE
 
-from harness.netns import (
+from harness.run.netns import (
     LoopbackNamespaceError,
     enter_loopback_namespace,
     in_loopback_namespace,
@@ -119,7 +119,7 @@ def test_a_process_without_cap_sys_admin_gets_an_error_that_says_what_to_do() ->
     # A real process that gave up root (after its imports: nobody cannot read this checkout); the kernel
     # then refuses unshare(CLONE_NEWNET) with EPERM.
     code = (
-        "import os; from harness.netns import enter_loopback_namespace; "
+        "import os; from harness.run.netns import enter_loopback_namespace; "
         "os.setgroups([]); os.setgid(65534); os.setuid(65534); enter_loopback_namespace()"
     )
     command = [sys.executable, "-c", code]
@@ -129,7 +129,8 @@ def test_a_process_without_cap_sys_admin_gets_an_error_that_says_what_to_do() ->
     assert result.returncode == 1
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line == (
-        "harness.netns.LoopbackNamespaceError: [Errno 1] unshare failed: Operation not permitted: creating a "
+        "harness.run.netns.LoopbackNamespaceError: [Errno 1] unshare failed: Operation not permitted: "
+        "creating a "
         "network namespace needs CAP_SYS_ADMIN; run as root, or start the program under "
         "`unshare --user --map-root-user --net`"
     )

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from gym_resilience import Trajectory, TrajectoryId, build_batch_output
-from harness.loader import check_text, parse_scenario
-from harness.probes import RunOutcome
-from harness.replay import judge
+from harness.judge.probes import RunOutcome
+from harness.judge.verdict import judge
+from harness.scenario.loader import check_text, parse_scenario
 
 
 def outcome(trajectories: list[Trajectory] | None, metrics: dict[str, float] | None = None) -> RunOutcome:
@@ -81,7 +81,7 @@ def test_runner_counters_left_out_when_zero_read_zero() -> None:
 
 def test_the_counters_are_those_the_runner_leaves_out_when_zero() -> None:
     from gym_resilience.metrics import batch_metrics
-    from harness.probes import is_counter
+    from harness.judge.probes import is_counter
 
     empty = batch_metrics([], elapsed_s=0.0)  # no failure, no retry: only the keys that are always there
     assert not any(is_counter(key) for key in empty)
@@ -114,7 +114,7 @@ def test_metrics_probes_with_a_user_pipeline_are_refused(tmp_path: Path) -> None
 
 
 def test_the_documentation_names_every_counter_that_reads_zero() -> None:
-    from harness.probes import COUNTER_FAMILIES, COUNTERS
+    from harness.judge.probes import COUNTER_FAMILIES, COUNTERS
 
     docs = (Path(__file__).parent.parent / "docs" / "scenarios.md").read_text()
     row = next(line for line in docs.splitlines() if line.startswith("| `metrics.<key>` |"))

@@ -21,8 +21,8 @@ from gym_resilience.envs import ToolServer, ToolUseEnv
 from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, format_rollout_header
 from gym_resilience.task_gen import ToolEnvFactory, generate_tasks
 from harness.faults import FaultPlan, connection_fires, request_fires
-from harness.proxy import FaultProxy, parse_request_head
-from harness.spec import ConnectionTargeting, NetworkFault
+from harness.faults.proxy import FaultProxy, parse_request_head
+from harness.scenario.spec import ConnectionTargeting, NetworkFault
 
 
 def network_fault(kind: str, link: str = "tool", **when: Any) -> NetworkFault:

@@ -50,8 +50,8 @@ from gym_resilience.isolation import StartAbort
 from gym_resilience.ray_env import RayEnv
 from gym_resilience.task_gen import generate_tasks, word_game_factory
 from gym_resilience.testing import ScriptableEnv, echo_step
-from harness.cluster import LocalCluster
-from harness.netns import in_loopback_namespace
+from harness.run.cluster import LocalCluster
+from harness.run.netns import in_loopback_namespace
 
 pytestmark = pytest.mark.slow
 

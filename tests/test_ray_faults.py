@@ -17,11 +17,11 @@ import pytest
 
 from gym_resilience import UnsupportedConfigError
 from gym_resilience.task_gen import generate_tasks, word_game_factory
-from harness.compare import compare_outputs
 from harness.faults import FaultPlan, FaultyEnv, NodeKiller, SpanLog
-from harness.loader import check_text
-from harness.probes import RunOutcome, Runs, observe
-from harness.spec import RayFault, Targeting
+from harness.judge.compare import compare_outputs
+from harness.judge.probes import RunOutcome, Runs, observe
+from harness.scenario.loader import check_text
+from harness.scenario.spec import RayFault, Targeting
 
 ROOT = Path(__file__).resolve().parent.parent
 

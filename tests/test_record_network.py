@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.cli import record_scenario
-from harness.spec import Scenario
+from harness.scenario.spec import Scenario
 
 
 def firing(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import main, record_scenario
-from harness.loader import MAX_SCENARIO_BYTES, load_scenario
+from harness.scenario.loader import MAX_SCENARIO_BYTES, load_scenario
 
 
 def firing(fault: int, rollout: int | None, attempt: int | None, turn: int | None) -> dict[str, Any]:

@@ -16,6 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.judge.results import (
+    EndpointSpan,
+    FaultFiring,
+    ProbeResult,
+    RolloutSpan,
+    RunJournal,
+    ScenarioResult,
+    TurnSpan,
+)
 from harness.reports import (
     ProgressView,
     comparable_journal,
@@ -24,15 +33,6 @@ from harness.reports import (
     plot_timelines,
     write_journal,
     write_junit,
-)
-from harness.results import (
-    EndpointSpan,
-    FaultFiring,
-    ProbeResult,
-    RolloutSpan,
-    RunJournal,
-    ScenarioResult,
-    TurnSpan,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

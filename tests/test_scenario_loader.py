@@ -16,7 +16,8 @@ import pytest
 
 from gym_resilience import EnvStepError, RetryPolicy, RunnerConfig, ScenarioError, UnsupportedConfigError
 from gym_resilience.errors import EngineDeadError
-from harness.loader import (
+from harness.judge.probes import PROBES, REGISTRY
+from harness.scenario.loader import (
     MAX_SCENARIO_BYTES,
     check_scenario,
     check_text,
@@ -26,8 +27,7 @@ from harness.loader import (
     resolve_exception,
     scenario_files,
 )
-from harness.probes import PROBES, REGISTRY
-from harness.spec import (
+from harness.scenario.spec import (
     BatchSpec,
     ConnectionTargeting,
     EngineFault,

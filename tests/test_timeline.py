@@ -10,8 +10,15 @@ from typing import TYPE_CHECKING
 import pytest
 from matplotlib.collections import PathCollection
 
+from harness.judge.results import (
+    EndpointSpan,
+    FaultFiring,
+    ProbeResult,
+    RolloutSpan,
+    ScenarioResult,
+    TurnSpan,
+)
 from harness.reports.timeline import MIN_SPAN_FRACTION, plot_timeline, timeline_figure
-from harness.results import EndpointSpan, FaultFiring, ProbeResult, RolloutSpan, ScenarioResult, TurnSpan
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist

@@ -20,12 +20,12 @@ import yaml
 from gym_resilience import BatchOutput, Trajectory, TrajectoryId, build_batch_output
 from gym_resilience.models import build_tiny_model
 from harness.cli import main
-from harness.compile import CompiledScenario
-from harness.loader import load_scenario
-from harness.probes import RunOutcome
-from harness.replay import judge
+from harness.judge.probes import RunOutcome
+from harness.judge.results import FaultFiring, RunJournal
+from harness.judge.verdict import judge
 from harness.reports import junit_tree
-from harness.results import FaultFiring, RunJournal
+from harness.scenario.compile import CompiledScenario
+from harness.scenario.loader import load_scenario
 
 USER_PACKAGE = Path(__file__).parent / "user_pkg"
 

@@ -43,9 +43,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from gym_resilience.lifecycle import Service
 from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, parse_rollout_header
-from harness.faults import FaultPlan, connection_fires, request_fires
-from harness.results import FaultFiring
-from harness.spec import NetworkFault
+from harness.faults.plan import FaultFiring, FaultPlan, connection_fires, request_fires
+from harness.scenario.spec import NetworkFault
 
 __all__ = ["FaultProxy", "RequestHead", "parse_request_head"]
 

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from gym_resilience import (
-    AnyTrajectory,
-    BatchOutput,
     OutputValidationError,
     describe_exception,
     group_relative_advantages,
     validate_batch_output,
 )
-from harness.compare import Comparison
-from harness.results import EndpointSpan, FaultFiring
+from harness.faults.spans import attempt_nodes
+from harness.judge.compare import Comparison
+from harness.run.outcome import RunOutcome
+from harness.scenario.probe_names import METRICS_PREFIX, is_probe
 
 __all__ = [
     "METRICS_PREFIX",
@@ -39,37 +39,11 @@ __all__ = [
     "observe",
 ]
 
-METRICS_PREFIX: Final = "metrics."
-"""``metrics.<key>`` reads the runner metric ``<key>`` of the faulted run."""
-
 COUNTERS: Final = frozenset({"retries", "retries/rollouts", "retries/succeeded", "retries/exhausted"})
 COUNTER_FAMILIES: Final = ("rollout_errors/type/", "rollout_errors/cause/", "rollout_errors/phase/")
 """The runner metrics that count something and that ``gym_resilience.metrics.batch_metrics`` leaves out
 of a batch's metrics when the count is zero: the retry counts, and the failed rollouts by type, root
 cause and phase (one key per name that occurred)."""
-
-
-@dataclass
-class RunOutcome:
-    """One run of a scenario's batch: what it produced or raised, and what it left behind."""
-
-    trajectories: list[AnyTrajectory] | None
-    output: BatchOutput | None
-    metrics: dict[str, float]
-    error: BaseException | None
-    wall_s: float
-    envs_created: int
-    envs_unclosed: int
-    firings: list[FaultFiring] = field(default_factory=list)
-    spans: list[Any] = field(default_factory=list)
-    failovers: int = 0
-    end_s: float | None = None
-    endpoints: list[EndpointSpan] = field(default_factory=list)
-    """Served endpoints' stretches out of rotation and failovers (none for an in-process engine)."""
-    actors_alive: int | None = None
-    """Ray actors of the scenario's cluster still alive after the run; None without a cluster."""
-    head_node: str | None = None
-    """The id of the scenario's cluster's head node; None without a cluster."""
 
 
 @dataclass(frozen=True)
@@ -142,19 +116,6 @@ def _masked_groups(runs: Runs) -> int | None:
     if output is None or runs.step_wise:
         return None
     return len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
-
-
-def attempt_nodes(spans: Sequence[Any]) -> dict[tuple[int, int], str]:
-    """The Ray node each (rollout, attempt) ran on, from the node its ``reset`` span logged
-    (``harness.faults.Span``); an attempt whose env never finished a reset in a Ray actor is left out."""
-    return {
-        (span.rollout, span.attempt): span.node
-        for span in spans
-        if span.kind == "reset"
-        and span.node is not None
-        and span.rollout is not None
-        and span.attempt is not None
-    }
 
 
 def _actors_left_alive(runs: Runs) -> int | None:
@@ -300,11 +261,6 @@ REGISTRY: Final[tuple[ProbeDefinition, ...]] = (
 
 PROBES: Final[Mapping[str, str]] = {probe.name: probe.description for probe in REGISTRY}
 """Every probe's name and what it observes."""
-
-
-def is_probe(name: str) -> bool:
-    """Whether a scenario may name ``name``: a registered probe, or ``metrics.<key>``."""
-    return name in PROBES or (name.startswith(METRICS_PREFIX) and name != METRICS_PREFIX)
 
 
 def is_counter(key: str) -> bool:

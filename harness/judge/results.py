@@ -1,4 +1,5 @@
-"""What a chaos run observed: plain records the reports (terminal, JSON journal, JUnit, timelines) read.
+"""What a chaos run observed and concluded: plain records the reports (terminal, JSON journal, JUnit,
+timelines) read.
 
 Times are seconds: ``*_s`` fields are measurements and are the only fields that differ between two
 runs of the same suite (the journal's determinism check ignores them).
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from harness.faults.plan import FaultFiring
+from harness.run.endpoints import EndpointSpan
 
 __all__ = [
     "EndpointSpan",
@@ -23,23 +27,6 @@ __all__ = [
 Status = Literal["held", "deviated", "invalid", "error"]
 """held: every probe and the expected outcome held; deviated: one did not; invalid: the file is not a
 valid scenario; error: the harness itself failed to run it (the message says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FaultFiring:
-    """One time a fault hit: which fault (its index in the file), where, and when in the faulted run."""
-
-    fault: int
-    kind: str
-    target: str
-    rollout: int | None
-    attempt: int | None
-    turn: int | None
-    detail: str
-    at_s: float
-    endpoint: int | None = None
-    """The served endpoint it hit (a ``kill``'s server, the endpoint behind an engine-link proxy);
-    None when it hit no one endpoint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,19 +62,6 @@ class RolloutSpan:
     spans: list[TurnSpan] = field(default_factory=list)
     placeholder: bool = False
     error: str | None = None
-
-
-@dataclass(slots=True)
-class EndpointSpan:
-    """One served vLLM endpoint of the faulted run, by its index in the engine's URL list (its URL is
-    left out: the port changes from run to run): when it was out of rotation, and when a request it
-    failed moved to another endpoint. Both are measurements, hence ``*_s``."""
-
-    index: int
-    down_s: list[tuple[float, float]] = field(default_factory=list)
-    """(start, end) of each stretch out of rotation; one still out when the run ended ends there."""
-    failovers_s: list[float] = field(default_factory=list)
-    """When each request it failed was sent to another endpoint."""
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""The reports of a chaos run, all read from the records in ``harness.results``.
+"""The reports of a chaos run, all read from the records in ``harness.judge.results``.
 
 - ``ProgressView``: the live terminal view (a progress bar, then a summary table and every deviation);
 - ``write_journal`` / ``load_journal`` / ``comparable_journal``: the JSON journal, and its form with every

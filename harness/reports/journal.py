@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
-from harness.results import (
+from harness.judge.results import (
     EndpointSpan,
     FaultFiring,
     ProbeResult,

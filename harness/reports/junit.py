@@ -13,9 +13,9 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from harness.judge.results import RunJournal, ScenarioResult
 from harness.reports.journal import write_atomically
 from harness.reports.text import deviation_line, firing_line
-from harness.results import RunJournal, ScenarioResult
 
 __all__ = ["SUITE_NAME", "junit_tree", "write_junit"]
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from harness.messages import counted
+from harness.judge.results import RunJournal, ScenarioResult, Status
 from harness.reports.text import deviation_line
-from harness.results import RunJournal, ScenarioResult, Status
+from harness.scenario.messages import counted
 
 __all__ = ["ProgressView"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.results import FaultFiring, ProbeResult
+from harness.judge.results import FaultFiring, ProbeResult
 
 __all__ = ["deviation_line", "firing_line", "format_value"]
 

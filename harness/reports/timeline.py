@@ -29,8 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from harness.reports.text import deviation_line
-from harness.results import (
+from harness.judge.results import (
     EndpointSpan,
     FaultFiring,
     RolloutSpan,
@@ -39,6 +38,7 @@ from harness.results import (
     Status,
     TurnSpan,
 )
+from harness.reports.text import deviation_line
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist

@@ -3,7 +3,7 @@
 Every node is a real raylet (with its object store and workers) started by Ray's own
 ``ray.cluster_utils.Cluster``; the head also runs the GCS. They all listen on 127.0.0.1, and since Ray
 picks a node's address from the primary interface however it is told, the cluster runs only inside a
-loopback-only network namespace (:mod:`harness.netns`): enter it first. The dashboard is off and each
+loopback-only network namespace (:mod:`harness.run.netns`): enter it first. The dashboard is off and each
 object store small (80 MB), so three nodes fit a two-core, 24 GB machine. This process is connected as
 the cluster's driver (``ray.init``) while the block runs; on exit it disconnects, stops every node and
 checks that no process of the cluster is left. One cluster at a time.
@@ -32,7 +32,7 @@ import ray
 import ray._private.ray_constants
 from ray.cluster_utils import Cluster
 
-from harness.netns import in_loopback_namespace
+from harness.run.netns import in_loopback_namespace
 
 __all__ = ["DEFAULT_SYSTEM_CONFIG", "ActorRecord", "LocalCluster", "LocalClusterError"]
 
@@ -109,7 +109,7 @@ class LocalCluster:
         if not in_loopback_namespace():
             raise LocalClusterError(
                 "a LocalCluster runs only inside a loopback-only network namespace, or Ray would listen on "
-                "this machine's primary interface: call harness.netns.enter_loopback_namespace() first"
+                "this machine's primary interface: call harness.run.netns.enter_loopback_namespace() first"
             )
         with _lock:
             if _running is not None or ray.is_initialized():

@@ -13,11 +13,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from harness.results import EndpointSpan
+__all__ = ["EndpointSpan", "EndpointWatch"]
 
-__all__ = ["EndpointWatch"]
+
+@dataclass(slots=True)
+class EndpointSpan:
+    """One served vLLM endpoint of the faulted run, by its index in the engine's URL list (its URL is
+    left out: the port changes from run to run): when it was out of rotation, and when a request it
+    failed moved to another endpoint. Both are measurements, hence ``*_s``."""
+
+    index: int
+    down_s: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of each stretch out of rotation; one still out when the run ended ends there."""
+    failovers_s: list[float] = field(default_factory=list)
+    """When each request it failed was sent to another endpoint."""
 
 
 class EndpointWatch:

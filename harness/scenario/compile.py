@@ -22,12 +22,13 @@ import gymnasium
 from gym_resilience import RunnerConfig, Task, UnsupportedConfigError
 from gym_resilience.engines import Engine
 from gym_resilience.task_gen import generate_tasks
-from harness.messages import Loc, Problem, error_text, show, split_import_path
-from harness.names import add_import_folders, import_attribute, resolve_exception
-from harness.rules import Known, rule_problems
-from harness.source import read_input_file
-from harness.spec import EngineFault, EnvFault, Fault, Scenario
-from harness.validate import Parts
+from harness.scenario.kinds import kind_of
+from harness.scenario.messages import Loc, Problem, error_text, show, split_import_path
+from harness.scenario.names import add_import_folders, import_attribute, resolve_exception
+from harness.scenario.rules import Known, rule_problems
+from harness.scenario.source import read_input_file
+from harness.scenario.spec import EngineFault, EnvFault, Fault, Scenario
+from harness.scenario.validate import Parts
 
 __all__ = ["MAX_TASKS_FILE_BYTES", "CompiledScenario", "EnvFactory", "Pipeline", "compile_parts"]
 
@@ -65,6 +66,22 @@ class CompiledScenario:
     def faults(self) -> list[Fault]:
         return self.spec.faults
 
+    @property
+    def index_of(self) -> Mapping[str, int]:
+        """Each task's index in the batch, by its ``instance_id``: the rollout index of its envs where
+        nothing else says it, and the task of each trajectory of the batch."""
+        return {task.instance_id: index for index, task in enumerate(self.tasks)}
+
+    @property
+    def interrupts(self) -> bool:
+        """Whether a fault raises ``KeyboardInterrupt``, which the faulted run then reports as its outcome
+        rather than ending the whole chaos run."""
+        return any(kind_of(fault).interrupts for fault in self.faults)
+
+    def rollouts_per_task(self, config: RunnerConfig) -> int:
+        """Rollouts per task under ``config``: its samples per prompt, 1 for a user pipeline."""
+        return 1 if self.pipeline is not None else config.n_samples_per_prompt
+
     def summary(self) -> str:
         """What would run, in one line: engine, model, env, tasks, who runs the batch, faults, probes."""
         engine = self.spec.engine
@@ -94,7 +111,8 @@ def compile_parts(
     """The runnable form of a scenario's valid parts, and every problem found in them.
 
     ``folder`` is the scenario file's folder: relative paths start there, and it goes first on
-    ``sys.path`` (for good, see ``harness.names.add_import_folders``) with ``python_path``'s folders, so
+    ``sys.path`` (for good, see ``harness.scenario.names.add_import_folders``) with ``python_path``'s
+    folders, so
     the user's modules may sit next to the file. None: nothing is added, paths are relative to the
     working directory.
     """
@@ -112,7 +130,7 @@ def compile_parts(
 
     extra = spec.python_path if "python_path" in valid else []
     found = [attempt(("python_path", i), _folder_of(base, entry)) for i, entry in enumerate(extra)]
-    # None: nothing is added, and no folder is the scenario's own (see harness.names).
+    # None: nothing is added, and no folder is the scenario's own (see harness.scenario.names).
     add_import_folders([folder, *(path for path in found if path is not None)] if folder is not None else [])
     config = _runner_config(spec, problems) if "runner" in valid else None
     model_dir = attempt(("model",), lambda: _model_dir(base, spec.model)) if "model" in valid else None
@@ -322,7 +340,7 @@ def _fault_exceptions(
     message alone."""
     classes: dict[int, type[Exception]] = {}
     for index, fault in faults:
-        if not isinstance(fault, EnvFault | EngineFault) or fault.kind != "raise":
+        if not isinstance(fault, EnvFault | EngineFault) or not kind_of(fault).raises:
             continue
         at: Loc = ("faults", index, "exception")
         try:

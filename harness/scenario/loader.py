@@ -1,15 +1,17 @@
-"""Load scenario files: YAML in, a :class:`~harness.compile.CompiledScenario` out, or every problem.
+"""Load scenario files: YAML in, a :class:`~harness.scenario.compile.CompiledScenario` out, or every problem.
 
 Loading runs once per file, in four steps, each in its own module:
 
-1. read (``harness.source``): the bytes within bounds, the YAML with the line of every field;
-2. validate (``harness.validate``): the data against the models of ``harness.spec``;
-3. compile (``harness.compile``): ``runner:`` becomes a ``RunnerConfig``, exception names their
+1. read (``harness.scenario.source``): the bytes within bounds, the YAML with the line of every field;
+2. validate (``harness.scenario.validate``): the data against the models of ``harness.scenario.spec``;
+3. compile (``harness.scenario.compile``): ``runner:`` becomes a ``RunnerConfig``, exception names their
    classes, ``batch.env``, ``batch.tasks`` and ``pipeline`` the user's code, ``model`` a folder;
-4. cross-check (``harness.rules``): every fault fits the engine, env, batch and runner it is meant to hit.
+4. cross-check (``harness.scenario.rules``): every fault fits the engine, env, batch and runner it is
+   meant to hit.
 
 Every problem surfaces as a :class:`~gym_resilience.ScenarioError` naming the file, the line, the field
-path (``faults[2].kind``) and what was expected (``harness.messages`` words them); a file's problems are
+path (``faults[2].kind``) and what was expected (``harness.scenario.messages`` words them); a file's
+problems are
 all found in one pass and sorted by where they are in the file. A part with a problem is left out of
 the later steps, so one mistake does not cause others. The library raises and never prints: the
 command line prints every problem and exits with code 2.
@@ -22,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gym_resilience.errors import ScenarioError
-from harness.compile import CompiledScenario, compile_parts
-from harness.messages import field_path, show
-from harness.names import resolve_exception
-from harness.source import (
+from harness.scenario.compile import CompiledScenario, compile_parts
+from harness.scenario.messages import field_path, show
+from harness.scenario.names import resolve_exception
+from harness.scenario.source import (
     MAX_NESTING,
     MAX_SCENARIO_BYTES,
     MAX_VALUES,
@@ -36,7 +38,7 @@ from harness.source import (
     read_scenario_text,
     scenario_files,
 )
-from harness.validate import validate_parts
+from harness.scenario.validate import validate_parts
 
 __all__ = [
     "MAX_NESTING",
@@ -96,7 +98,7 @@ def check_scenario(path: str | Path) -> Checked:
     """Loads one scenario file: its runnable form, or every problem it has.
 
     A ``pipeline``, env factory or task loader module may sit next to it: its folder goes first on
-    ``sys.path`` (see ``harness.compile``).
+    ``sys.path`` (see ``harness.scenario.compile``).
     """
     path = Path(path)
     try:

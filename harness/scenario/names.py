@@ -18,7 +18,7 @@ from typing import Any
 
 import gym_resilience
 from gym_resilience import errors as gym_errors
-from harness.messages import did_you_mean, error_text, show
+from harness.scenario.messages import did_you_mean, error_text, show
 
 __all__ = ["add_import_folders", "import_attribute", "resolve_exception"]
 

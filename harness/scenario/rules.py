@@ -11,9 +11,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gym_resilience.config import RunnerConfig
-from harness.messages import Loc, Problem
-from harness.probes import METRICS_PREFIX
-from harness.spec import (
+from harness.scenario.kinds import kind_of
+from harness.scenario.messages import Loc, Problem
+from harness.scenario.probe_names import METRICS_PREFIX
+from harness.scenario.spec import (
     BatchSpec,
     ClusterSpec,
     EngineFault,
@@ -57,14 +58,13 @@ def rule_problems(known: Known) -> Iterator[Problem]:
     yield from _probe_problems(known)
     for index, fault in known.faults:
         at: Loc = ("faults", index)
-        if isinstance(fault, EnvFault):
-            yield from _env_fault_problems(known, at, fault)
-        elif isinstance(fault, EngineFault):
-            yield from _engine_fault_problems(known, at, fault)
-        elif isinstance(fault, RayFault):
+        if isinstance(fault, RayFault):
             yield from _ray_fault_problems(known, at, fault)
-        else:
+        elif isinstance(fault, NetworkFault):
             yield from _network_fault_problems(known, at, fault)
+        kind = kind_of(fault)
+        if kind.problems is not None:
+            yield from kind.problems(known, at, fault)
         yield from _targeting_problems(known, at, fault)
 
 
@@ -155,79 +155,12 @@ def _envs_on_worker_problems(cluster: ClusterSpec, config: RunnerConfig | None) 
         )
 
 
-def _env_fault_problems(known: Known, at: Loc, fault: EnvFault) -> Iterator[Problem]:
-    if fault.kind == "bad_output" and fault.method == "close":
-        yield Problem(
-            (*at, "method"),
-            "bad_output cannot target close: close() returns nothing, so the fault would do nothing",
-        )
-    if known.pipeline:
-        yield from _pipeline_env_fault_problems(at, fault)
-        return
-    config = known.config
-    if fault.kind != "hang" or config is None:
-        return
-    # An env in its own process or in a Ray actor has a worker that a deadline can end.
-    killable = config.env_backend != "thread"
-    deadline = {"step": "env_step_timeout_s", "reset": "env_reset_timeout_s"}.get(fault.method)
-    if deadline is None and not killable:
-        yield Problem(
-            (*at, "kind"),
-            "a hang in close needs runner.isolate_envs: true: only an isolated env's close is killed "
-            "at its deadline, and a close that never returns would hang the run",
-        )
-    elif deadline is not None and not (killable and getattr(config, deadline) is not None):
-        yield Problem(
-            (*at, "kind"),
-            f"a hang in {fault.method} needs runner.isolate_envs: true and runner.{deadline} set: only a "
-            "deadline that kills the env's process stops a hung call, and without one the run would hang",
-        )
-
-
-def _pipeline_env_fault_problems(at: Loc, fault: EnvFault) -> Iterator[Problem]:
-    """A user pipeline calls its envs in-process, in its own tasks, outside everything ``runner:`` sets up:
-    no deadline kills a hung call, and asyncio re-raises a KeyboardInterrupt from a task out of the event
-    loop, which ends the whole run, not the scenario."""
-    if fault.kind == "hang":
-        yield Problem(
-            (*at, "kind"),
-            "a hang cannot be stopped in a user pipeline: its envs run in-process, where no deadline "
-            "kills a hung call (runner settings such as isolate_envs and env_step_timeout_s apply to "
-            "BatchRunner only), so the run would hang; remove pipeline to test BatchRunner, or use delay",
-        )
-    elif fault.kind == "interrupt":
-        yield Problem(
-            (*at, "kind"),
-            "an interrupt cannot be contained in a user pipeline: a KeyboardInterrupt raised in a task "
-            "it starts (asyncio.gather, create_task) escapes the event loop and ends the whole run, not "
-            "this scenario; remove pipeline to test BatchRunner, or use raise",
-        )
-
-
-def _engine_fault_problems(known: Known, at: Loc, fault: EngineFault) -> Iterator[Problem]:
-    engine = known.engine
-    if fault.kind != "kill" or engine is None:
-        return
-    if engine.kind != "served":
-        yield Problem(
-            (*at, "kind"),
-            "a kill fault needs a served engine (engine.kind: served): it SIGKILLs a vllm serve "
-            f"process the harness started, and engine.kind is {engine.kind!r}",
-        )
-    elif fault.server >= engine.servers:
-        yield Problem(
-            (*at, "server"),
-            f"server {fault.server} does not exist: engine.servers is {engine.servers} "
-            "(servers are numbered from 0)",
-        )
-
-
 _RAY_FIELDS = {"when": "kill_actor", "after_steps": "kill_node", "node": "kill_node"}
 """The ray fault fields that go with one kind only."""
 
 
 def _ray_fault_problems(known: Known, at: Loc, fault: RayFault) -> Iterator[Problem]:
-    config, cluster = known.config, known.cluster
+    config = known.config
     for name in sorted(fault.model_fields_set & _RAY_FIELDS.keys()):
         if _RAY_FIELDS[name] != fault.kind:
             yield Problem(
@@ -245,24 +178,6 @@ def _ray_fault_problems(known: Known, at: Loc, fault: RayFault) -> Iterator[Prob
             "a ray fault needs runner.env_backend: ray: it hits the Ray actors the envs run in, and "
             f"env_backend is {config.env_backend!r}",
         )
-    if fault.kind != "kill_node":
-        return
-    if fault.node is not None and cluster is not None and fault.node >= cluster.worker_nodes:
-        yield Problem(
-            (*at, "node"),
-            f"worker node {fault.node} does not exist: the cluster has {cluster.worker_nodes} worker "
-            f"node{'s' if cluster.worker_nodes != 1 else ''} (cluster.nodes {cluster.nodes} counts the "
-            "head; worker nodes are numbered from 0)",
-        )
-    if config is not None and known.tasks is not None and not known.pipeline:
-        steps = known.tasks * config.n_samples_per_prompt * config.max_turns
-        if fault.after_steps >= steps:
-            yield Problem(
-                (*at, "after_steps"),
-                f"after_steps {fault.after_steps} never happens: the batch makes at most {steps} env "
-                f"steps ({known.tasks} tasks x runner.n_samples_per_prompt {config.n_samples_per_prompt} "
-                f"x runner.max_turns {config.max_turns})",
-            )
 
 
 def _network_fault_problems(known: Known, at: Loc, fault: NetworkFault) -> Iterator[Problem]:
@@ -294,7 +209,7 @@ def _network_fault_problems(known: Known, at: Loc, fault: NetworkFault) -> Itera
 def _targeting_problems(known: Known, at: Loc, fault: Fault) -> Iterator[Problem]:
     """A filter naming a rollout, turn or attempt the batch never has makes a fault that never fires, and
     a scenario whose fault never fires holds without testing anything (see ``harness.faults`` for where
-    each call is, and ``harness.proxy`` for a request's: a filter never matches a call whose coordinate
+    each call is, and ``harness.faults.proxy`` for a request's: a filter never matches a call whose coordinate
     is unknown)."""
     when = fault.when
     if known.pipeline and _is_engine_call(fault):

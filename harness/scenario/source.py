@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from gym_resilience.errors import ScenarioError
-from harness.messages import Loc, field_path, show
+from harness.scenario.messages import Loc, field_path, show
 
 __all__ = [
     "MAX_NESTING",

@@ -3,8 +3,9 @@
 Models are frozen and reject unknown fields, so a typo in a scenario file is an error, not a silently
 ignored key. They check what a value alone shows; what needs imports, files or other fields (a user's
 env factory, a model folder, a fault that fits its engine) is checked when the scenario is compiled
-(``harness.compile``, ``harness.rules``). Loading (YAML, line numbers, every problem) lives in
-``harness.loader``.
+(``harness.scenario.compile``, ``harness.scenario.rules``). Loading (YAML, line numbers, every
+problem) lives in
+``harness.scenario.loader``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harness.messages import did_you_mean, show, split_import_path
-from harness.probes import METRICS_PREFIX, PROBES, is_probe
+from harness.scenario.messages import did_you_mean, show, split_import_path
+from harness.scenario.probe_names import METRICS_PREFIX, PROBE_NAMES, is_probe
 
 __all__ = [
     "BUNDLED_ENVS",
     "MAX_DELAY_S",
     "MAX_TASKS",
-    "PROBES",
+    "PROBE_NAMES",
     "BatchSpec",
     "ClusterSpec",
     "ConnectionTargeting",
@@ -317,10 +318,10 @@ class Probe(_Model):
         if self.probe == METRICS_PREFIX:
             raise ValueError("probe 'metrics.' names no metric: write metrics.<key>, the runner metric's key")
         if not is_probe(self.probe):
-            known = ", ".join(sorted(PROBES))
+            known = ", ".join(sorted(PROBE_NAMES))
             raise ValueError(
                 f"unknown probe {self.probe!r}"
-                + (did_you_mean(self.probe, PROBES) or f"; expected one of {known}, or metrics.<key>")
+                + (did_you_mean(self.probe, PROBE_NAMES) or f"; expected one of {known}, or metrics.<key>")
             )
         given = [name for name in ("eq", "lte", "gte", "range", "is_") if getattr(self, name) is not None]
         if len(given) != 1:

@@ -1,5 +1,5 @@
-"""The data of a scenario file against the models of ``harness.spec``: every problem they find, in the
-file's words, and the parts that are valid.
+"""The data of a scenario file against the models of ``harness.scenario.spec``: every problem they
+find, in the file's words, and the parts that are valid.
 
 A file with a problem in one part still has its other parts checked further (imports, cross-field
 rules), so that one run of the loader reports every problem of the file: :class:`Parts` says which top-level
@@ -16,7 +16,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from harness.messages import (
+from harness.scenario.messages import (
     Loc,
     Problem,
     describe,
@@ -25,7 +25,7 @@ from harness.messages import (
     union_members,
     unknown_field,
 )
-from harness.spec import Fault, Probe, Scenario
+from harness.scenario.spec import Fault, Probe, Scenario
 
 __all__ = ["Parts", "validate_parts"]
 

@@ -1,0 +1,7 @@
+"""``python -m harness.cli``: the ``gym-resilience`` command."""
+
+import sys
+
+from harness.cli.main import main
+
+sys.exit(main())
