@@ -28,9 +28,9 @@ from harness.cli import main, record_scenario
 from harness.reports import comparable_journal, load_journal
 from harness.run.bench import Bench
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
-INVALID_DIR = Path(__file__).parent / "invalid_scenarios"
+INVALID_DIR = Path(__file__).resolve().parents[2] / "invalid_scenarios"
 INVALID = sorted(INVALID_DIR.glob("*.yaml"))
 
 IMPOSSIBLE = """

@@ -23,7 +23,7 @@ from harness.judge.probes import RunOutcome, Runs, observe
 from harness.scenario.loader import check_text
 from harness.scenario.spec import RayFault, Targeting
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 RAY_RUNNER = "runner: {env_backend: ray, skip_failed_rollouts: true, max_turns: 2, max_tokens: 8}\n"
 

@@ -40,12 +40,12 @@ from harness.faults import (
     SpanLog,
     read_firings,
 )
-from harness.judge.rollouts import build_rollout_spans
 from harness.judge.results import FaultFiring
+from harness.judge.rollouts import build_rollout_spans
 from harness.scenario.names import resolve_exception
 from harness.scenario.spec import EngineFault, EnvFault, Fault, Targeting
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def env_fault(kind: str = "raise", method: str = "step", **options: Any) -> EnvFault:

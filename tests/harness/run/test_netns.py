@@ -29,7 +29,7 @@ from harness.run.netns import (
 )
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def in_new_thread(body: Callable[[], T], *, namespace: int | None = ORIGIN_NAMESPACE) -> T:

@@ -27,7 +27,7 @@ from harness.reports import junit_tree
 from harness.scenario.compile import CompiledScenario
 from harness.scenario.loader import load_scenario
 
-USER_PACKAGE = Path(__file__).parent / "user_pkg"
+USER_PACKAGE = Path(__file__).resolve().parents[2] / "user_pkg"
 
 
 def user_project(root: Path, package: str, model: Path | None = None) -> Path:

@@ -40,8 +40,8 @@ from harness.scenario.spec import (
     Targeting,
 )
 
-INVALID_DIR = Path(__file__).parent / "invalid_scenarios"
-README = Path(__file__).parent.parent / "docs" / "scenarios.md"
+INVALID_DIR = Path(__file__).resolve().parents[2] / "invalid_scenarios"
+README = Path(__file__).resolve().parents[3] / "docs" / "scenarios.md"
 
 # Every file in invalid_scenarios/ and the exact message after its path (a list: every problem, in order):
 # a file without an entry fails.
