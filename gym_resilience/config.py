@@ -107,8 +107,9 @@ class RunnerConfig:
         failed_group_policy: with ``skip_failed_rollouts``, what happens to the rows of a group (the
             samples of one task) that holds a placeholder: ``"keep"`` trains on them as they are (a
             placeholder's 0.0 then enters the group's GRPO mean and std in a trainer that does not know
-            placeholders); ``"mask_group"`` gives every row of the group an all-zero loss mask, so the
-            trainer learns nothing from that group and nothing biased by it.
+            placeholders); ``"mask_group"`` gives every row of the group an all-zero loss mask and reward
+            0.0 in the output, so the trainer learns nothing from that group and nothing biased by it,
+            and dynamic sampling sees no variance there.
         token_layout: ``"closed"`` (the default) ends a turn that stopped without the end-of-turn token
             (a length-truncated one) with that token, loss-masked, before the observation, and a
             step-wise step's prompt is the previous prompt and response token for token;

@@ -15,7 +15,7 @@ from harness.faults.env import (
 )
 from harness.faults.nodes import NodeKiller
 from harness.faults.plan import FaultFiring, FaultPlan, connection_fires, draw, read_firings, request_fires
-from harness.faults.spans import Span, SpanKind, SpanLog, attempt_nodes
+from harness.faults.spans import Span, SpanKind, SpanLog, reset_nodes
 
 __all__ = [
     "BAD_RESET_OBSERVATION",
@@ -31,10 +31,10 @@ __all__ = [
     "Span",
     "SpanKind",
     "SpanLog",
-    "attempt_nodes",
     "connection_fires",
     "draw",
     "ray_placement",
     "read_firings",
     "request_fires",
+    "reset_nodes",
 ]

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Protocol
 
 from harness.faults.plan import FaultPlan
-from harness.faults.spans import Span, SpanLog, attempt_nodes
+from harness.faults.spans import Span, SpanLog, reset_nodes
 from harness.scenario.spec import RayFault
 
 __all__ = ["Cluster", "NodeKiller"]
@@ -106,7 +106,7 @@ def _actors_per_node(spans: Sequence[Span]) -> dict[str, int]:
     """How many attempts' envs each node hosts: reset there, and not closed yet."""
     closed = {(s.rollout, s.attempt) for s in spans if s.kind == "close"}
     counts: dict[str, int] = {}
-    for (rollout, attempt), node in attempt_nodes(spans).items():
+    for (rollout, attempt), node in reset_nodes(spans).items():
         if (rollout, attempt) not in closed:
             counts[node] = counts.get(node, 0) + 1
     return counts

@@ -2,7 +2,9 @@
 
 A file rather than an in-memory list, so env calls in isolated worker processes and Ray actors land in
 the same timeline as in-process ones. Inside an actor every ``reset`` span also logs the actor's node,
-which is where :func:`attempt_nodes` finds on which node each attempt ran.
+which is how the node killer sees, while the batch runs, which node hosts which envs (the probes read
+the runner's attempt records instead, which also know the node of an attempt that never got to
+``reset``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 from harness.jsonlines import append_json_line, read_json_lines
 
-__all__ = ["Span", "SpanKind", "SpanLog", "attempt_nodes"]
+__all__ = ["Span", "SpanKind", "SpanLog", "reset_nodes"]
 
 SpanKind = Literal["generate", "reset", "step", "close"]
 
@@ -105,7 +107,7 @@ class SpanLog:
         return sorted(spans, key=lambda s: (s.start_s, _none_first(s.rollout), _none_first(s.turn), s.kind))
 
 
-def attempt_nodes(spans: Sequence[Any]) -> dict[tuple[int, int], str]:
+def reset_nodes(spans: Sequence[Any]) -> dict[tuple[int, int], str]:
     """The Ray node each (rollout, attempt) ran on, from the node its ``reset`` span logged; an attempt
     whose env never finished a reset in a Ray actor is left out."""
     return {

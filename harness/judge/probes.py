@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gym_resilience import (
+    AttemptRecord,
     OutputValidationError,
     describe_exception,
     group_relative_advantages,
     validate_batch_output,
 )
-from harness.faults.spans import attempt_nodes
 from harness.judge.compare import Comparison
 from harness.run.outcome import RunOutcome
 from harness.scenario.probe_names import METRICS_PREFIX, is_probe
@@ -118,13 +118,24 @@ def _masked_groups(runs: Runs) -> int | None:
     return len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
 
 
+def attempt_nodes(attempts: Iterable[AttemptRecord]) -> dict[tuple[int, int], str]:
+    """The Ray node each (rollout, attempt) ran on, from the runner's attempt records: the node its env
+    actor was placed on, known as soon as it was placed, whether or not the attempt got as far as
+    ``reset``. An attempt whose node is not known (off Ray, an actor never placed) is left out."""
+    return {
+        (record.rollout_index, record.attempt): record.node_id
+        for record in attempts
+        if record.node_id is not None
+    }
+
+
 def _actors_left_alive(runs: Runs) -> int | None:
     counts = [run.actors_alive for run in (runs.baseline, runs.faulted) if run.actors_alive is not None]
     return sum(counts) if counts else None
 
 
 def _retries_moved_node(runs: Runs) -> int:
-    nodes = attempt_nodes(runs.faulted.spans)
+    nodes = attempt_nodes(runs.faulted.attempts)
     return sum(
         1
         for (rollout, attempt), node in nodes.items()
@@ -133,14 +144,14 @@ def _retries_moved_node(runs: Runs) -> int:
 
 
 def _nodes_used(runs: Runs) -> int:
-    return len(set(attempt_nodes(runs.faulted.spans).values()))
+    return len(set(attempt_nodes(runs.faulted.attempts).values()))
 
 
 def _envs_on_head_node(runs: Runs) -> int | None:
     head = runs.faulted.head_node
     if head is None:
         return None
-    return sum(1 for node in attempt_nodes(runs.faulted.spans).values() if node == head)
+    return sum(1 for node in attempt_nodes(runs.faulted.attempts).values() if node == head)
 
 
 def _ratio(numerator: float, denominator: float | None) -> float | None:

@@ -4,16 +4,18 @@ stands in for it, and why it failed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gym_resilience import AnyTrajectory, BatchOutput, StepWiseTrajectory
 from harness.faults.plan import FaultFiring
 from harness.faults.spans import Span, SpanLog
-from harness.judge.results import RolloutSpan, TurnSpan
+from harness.judge.probes import attempt_nodes
+from harness.judge.results import Attempt, RolloutSpan, TurnSpan
 from harness.run.outcome import RunOutcome
 
-__all__ = ["build_rollout_spans", "rollout_records"]
+__all__ = ["attempt_records", "build_rollout_spans", "rollout_records"]
 
 
 def _none_first(value: int | None) -> int:
@@ -66,14 +68,20 @@ def build_rollout_spans(
 def rollout_records(
     outcome: RunOutcome, n_rollouts: int, index_of: Mapping[str, int], samples: int
 ) -> list[RolloutSpan]:
-    """Each rollout of a run: its calls (from the span log), whether a placeholder stands in for it (the
-    batch's ``is_placeholder`` column, whoever built the batch) and why it failed (the trajectory's
-    failure, else the fault that broke its last call).
+    """Each rollout of a run: its calls (from the span log, each with the Ray node its attempt's env ran
+    on, from the runner's attempt records), whether a placeholder stands in for it (the batch's
+    ``is_placeholder`` column, whoever built the batch) and why it failed (the trajectory's failure, else
+    the fault that broke its last call).
 
     A row's rollout is ``task index x samples + repetition`` by its trajectory id, or its position in
     the batch when it has none (``samples``: rollouts per task; 1 for a user pipeline).
     """
     rollouts = build_rollout_spans(outcome.spans, n_rollouts, until_s=outcome.end_s)
+    nodes = attempt_nodes(outcome.attempts)
+    if nodes:  # each call carries the node of its attempt's env
+        for record in rollouts:
+            where = [nodes.get((record.index, span.attempt)) for span in record.spans]
+            record.spans = [dataclasses.replace(s, node=n) for s, n in zip(record.spans, where, strict=True)]
     output = outcome.output
     if output is not None:
         for row, index in enumerate(_row_rollouts(output, index_of, samples)):
@@ -86,6 +94,22 @@ def rollout_records(
             error = _injected_failure(outcome.firings, record.index)
         record.error = error
     return rollouts
+
+
+def attempt_records(outcome: RunOutcome) -> list[Attempt]:
+    """Every attempt of every rollout of a run, as the runner recorded it (``BatchResult.attempts``),
+    failed ones included, with the node its env ran on."""
+    return [
+        Attempt(
+            rollout=record.rollout_index,
+            attempt=record.attempt,
+            node=record.node_id,
+            phase=record.phase,
+            elapsed_s=record.elapsed_s,
+            error=record.error,
+        )
+        for record in outcome.attempts
+    ]
 
 
 def _rollout_of(trajectory_id: Any, fallback: int, index_of: Mapping[str, int], samples: int) -> int:

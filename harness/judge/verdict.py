@@ -13,7 +13,7 @@ from harness.faults.plan import FaultFiring
 from harness.judge.compare import compare_outputs
 from harness.judge.probes import Runs, observations
 from harness.judge.results import ProbeResult, ScenarioResult
-from harness.judge.rollouts import rollout_records
+from harness.judge.rollouts import attempt_records, rollout_records
 from harness.run.batch import ends_the_chaos_run, run_both
 from harness.run.bench import Bench
 from harness.run.outcome import RunOutcome
@@ -111,6 +111,9 @@ def judge(
     result.firings = faulted.firings
     result.rollouts = rollout_records(faulted, n_rollouts, index_of, samples)
     result.baseline_rollouts = rollout_records(baseline, n_rollouts, index_of, samples)
+    result.attempts = attempt_records(faulted)
+    result.baseline_attempts = attempt_records(baseline)
+    result.nodes = faulted.nodes or baseline.nodes
     result.endpoints = faulted.endpoints
     result.outcome = probes[0].observed
     result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from gym_resilience import (
     AnyTrajectory,
+    AttemptRecord,
     BatchOutput,
     BatchRunner,
     RunnerConfig,
@@ -43,7 +44,7 @@ from harness.run.bench import Bench
 from harness.run.clustered import cluster_for, placed
 from harness.run.endpoints import EndpointWatch
 from harness.run.ledger import EnvLedger
-from harness.run.outcome import RunOutcome
+from harness.run.outcome import ClusterNode, RunOutcome
 from harness.scenario.compile import CompiledScenario
 
 if TYPE_CHECKING:
@@ -213,8 +214,10 @@ async def run_batch(
             trajectories: list[AnyTrajectory] | None = None
             output: BatchOutput | None = None
             metrics: dict[str, float] = {}
+            attempts: list[AttemptRecord] = []
             error: BaseException | None = None
             exits: list[BaseException] = []
+            workers = cluster.worker_node_ids() if cluster is not None else []
             if cluster is not None:
                 stack.enter_context(NodeKiller(plan, spans, cluster))
             try:
@@ -225,6 +228,7 @@ async def run_batch(
                 else:
                     result = await BatchRunner(faulty, factory, config).generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
+                    attempts = list(result.attempts)
             except BaseException as exc:
                 if not _raised_by_the_run(exc, interrupts):
                     raise
@@ -236,9 +240,13 @@ async def run_batch(
             moved = failovers() - before
             endpoints = watch.finish() if watch is not None else []
     actors_alive = envs_unclosed = None
+    nodes: list[ClusterNode] = []
     if cluster is not None:
         actors_alive = _settled(lambda: len(cluster.alive_actors()))
         envs_unclosed = _settled(ledger.unclosed)
+        left = set(cluster.worker_node_ids())
+        nodes = [ClusterNode(cluster.head_node_id, "head")]
+        nodes += [ClusterNode(node, f"worker {i}", node not in left) for i, node in enumerate(workers)]
     return RunOutcome(
         trajectories=trajectories,
         output=output,
@@ -254,6 +262,8 @@ async def run_batch(
         endpoints=endpoints,
         actors_alive=actors_alive,
         head_node=cluster.head_node_id if cluster is not None else None,
+        attempts=attempts,
+        nodes=nodes,
     )
 
 
