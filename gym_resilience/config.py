@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from gym_resilience import errors
 from gym_resilience._text import show as _show
-from gym_resilience.deadlines import check_seconds
+from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Sampling
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.retry import RetryPolicy
@@ -325,7 +325,7 @@ class RunnerConfig:
                     f"needs env_backend='ray' (actor options place Ray actors), got {self.env_backend!r}",
                     option="env_actor_options",
                 )
-            from gym_resilience.ray_env import check_actor_options  # not at import: it is rarely needed
+            from gym_resilience.backends.ray import check_actor_options  # not at import: it is rarely needed
 
             check_actor_options(self.env_actor_options)
 

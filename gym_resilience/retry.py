@@ -15,7 +15,7 @@ from typing import Any
 
 import tenacity
 
-from gym_resilience.deadlines import check_seconds
+from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.errors import TRANSIENT_ERRORS, UnsupportedConfigError, is_transient
 
 __all__ = ["DEFAULT_RETRY_ON", "RetryPolicy"]

@@ -44,10 +44,10 @@ from gym_resilience import (
     validate_batch_output,
     without_timings,
 )
+from gym_resilience.backends.protocol import StartAbort
+from gym_resilience.backends.ray import RayEnv
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.errors import is_transient, root_cause
-from gym_resilience.isolation import StartAbort
-from gym_resilience.ray_env import RayEnv
 from gym_resilience.task_gen import generate_tasks, word_game_factory
 from gym_resilience.testing import ScriptableEnv, echo_step
 from harness.cluster import LocalCluster
@@ -439,7 +439,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_ray_env_in_a_process_not_connected_to_ray_says_to_call_ray_init() -> None:
-    result = run_python("from gym_resilience.ray_env import RayEnv; RayEnv(dict)")
+    result = run_python("from gym_resilience.backends.ray import RayEnv; RayEnv(dict)")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "gym_resilience.errors.UnsupportedConfigError: env_backend: Ray envs run on the Ray cluster this "
