@@ -27,7 +27,6 @@ from gym_resilience.errors import (
     OutputValidationError,
     RolloutError,
     RolloutTimeoutError,
-    ScenarioError,
     UnpicklableEnvError,
     UnsupportedConfigError,
     describe_exception,
@@ -109,4 +108,9 @@ def __getattr__(name: str) -> object:
         from gym_resilience.backends.ray import RayEnv
 
         return RayEnv
+    # The harness's error, kept here for scenario code written against it; the library never raises it.
+    if name == "ScenarioError":
+        from harness.errors import ScenarioError
+
+        return ScenarioError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gym_resilience import errors
-from gym_resilience._text import show as _show
 from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Sampling
 from gym_resilience.errors import UnsupportedConfigError
+from gym_resilience.errors import show as _show
 from gym_resilience.retry import RetryPolicy
 
 __all__ = [

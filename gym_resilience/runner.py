@@ -207,6 +207,7 @@ class BatchRunner:
         trajectories = substitute_placeholders(
             outcomes,
             pad_token_id=codec.pad_token_id,
+            token_level_rewards=self.config.token_level_rewards,
             logprobs=self.config.logprobs,
             step_wise=self.config.step_wise,
         )

@@ -26,7 +26,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_resilience import ScenarioError, describe_exception
+from gym_resilience import describe_exception
+from harness.errors import ScenarioError
 
 if TYPE_CHECKING:
     from harness.compile import CompiledScenario

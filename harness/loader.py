@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gym_resilience.errors import ScenarioError
 from harness.compile import CompiledScenario, compile_parts
+from harness.errors import ScenarioError
 from harness.messages import field_path, show
 from harness.names import resolve_exception
 from harness.source import (

@@ -17,6 +17,12 @@ MOVED = [
     ("gym_resilience.env_backends", "EnvFactory", "gym_resilience.backends.choice"),
     ("gym_resilience.worker_env", "WorkerEnv", "gym_resilience.backends.protocol"),
     ("gym_resilience.deadlines", "check_seconds", "gym_resilience.backends.deadlines"),
+    ("gym_resilience.errors", "is_transient", "gym_resilience.retry"),
+    ("gym_resilience.errors", "is_transient_status", "gym_resilience.retry"),
+    ("gym_resilience.errors", "TRANSIENT_ERRORS", "gym_resilience.retry"),
+    ("gym_resilience.errors", "settable", "gym_resilience.cleanup"),
+    ("gym_resilience.errors", "ScenarioError", "harness.errors"),
+    ("gym_resilience._text", "show", "gym_resilience.errors"),
 ]
 
 
@@ -54,3 +60,15 @@ def test_the_old_make_env_warns_and_still_returns_the_wrapped_env() -> None:
     assert isinstance(env, ResilientEnv)
     assert isinstance(env.unwrapped, CountingTextEnv)
     env.close()
+
+
+def test_the_public_scenario_error_is_the_harness_one_and_imports_without_a_warning() -> None:
+    import warnings
+
+    from harness.errors import ScenarioError
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from gym_resilience import ScenarioError as public
+
+    assert public is ScenarioError

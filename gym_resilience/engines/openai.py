@@ -52,8 +52,8 @@ from gym_resilience.errors import (
     EngineRequestError,
     UnsupportedConfigError,
     describe_exception,
-    is_transient_status,
 )
+from gym_resilience.retry import is_transient_status
 
 if TYPE_CHECKING:
     import httpx

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from gym_resilience.errors import settable
+from gym_resilience.cleanup import settable
 
 __all__ = ["IDLE_S", "EnvPool", "idle_threads"]
 
