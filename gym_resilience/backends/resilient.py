@@ -111,32 +111,18 @@ class ResilientEnv(
 ):
     """Closes its env exactly once on every exit path, and reports its failures as typed errors.
 
-    The inner ``close()`` runs once however the wrapper ends: an explicit ``close()``, a failing
-    ``reset``/``step`` (before the typed error reaches you, unless ``close_on_error=False``), a
-    ``KeyboardInterrupt`` or ``asyncio.CancelledError`` inside ``reset``/``step`` (it propagates unchanged),
-    leaving a ``with`` block, garbage collection, or interpreter exit. Further ``close()`` calls do nothing.
-    (An env that keeps a reference to its own wrapper is never collected while the program runs: the
-    wrapper's finalizer holds the env, to close it. Dropped unclosed, it is closed at interpreter exit.)
+    The inner ``close()`` runs once however the wrapper ends: ``close()``, a failing ``reset``/``step``
+    (unless ``close_on_error=False``), an interruption (it propagates unchanged), a ``with`` block,
+    garbage collection or interpreter exit. Failures arrive as :class:`EnvResetError`,
+    :class:`EnvStepError`, :class:`EnvCloseError` or :class:`EnvClosedError`, the original as
+    ``__cause__``; a close failure never masks the exception in flight (it becomes a note and
+    :attr:`close_error`). ``step`` is never retried (not idempotent); ``reset`` is, under ``reset_retry``.
+    Spaces, ``metadata``, ``render``, ``unwrapped`` and ``spec`` pass through, so Gymnasium's
+    ``check_env`` accepts the wrapped env.
 
-    Failures are typed, with the original exception as ``__cause__``: :class:`EnvResetError`,
-    :class:`EnvStepError` (0-based turn since the last reset, short action repr), :class:`EnvCloseError`,
-    and :class:`EnvClosedError` for a ``reset``/``step``/``render`` after close. A close failure while
-    another exception propagates is added to that exception as a note and kept in :attr:`close_error`,
-    never masking it. ``step`` is never retried (it is not idempotent); ``reset`` is retried on transient
-    errors when ``reset_retry`` is given. Spaces, ``metadata``, ``render``, ``unwrapped`` and ``spec``
-    pass through, so ``gymnasium.utils.env_checker.check_env`` accepts the wrapped env.
-
-    Deadlines need :meth:`isolated`: the env then runs in a worker process (as in Gymnasium's
-    ``AsyncVectorEnv``), built there by calling ``env_fn``, a picklable zero-argument factory such as
-    ``functools.partial(gymnasium.make, "CartPole-v1")``. A call past its deadline kills the worker and
-    raises :class:`EnvTimeoutError`; a worker that dies raises :class:`EnvWorkerDiedError`; either way the
-    env is closed. Exceptions raised by the env in the worker arrive as the same typed errors as
-    in-process, with the original (or :class:`UnpicklableEnvError` standing in for it) as ``__cause__``.
-    ``self.env`` and ``unwrapped`` are then the local :class:`~gym_resilience.backends.process.IsolatedEnv`
-    stand-in (spaces, ``metadata``, ``render_mode`` and ``spec`` copied at start, ``np_random`` read from
-    the worker); the real env is out of reach in the worker. Starting a worker costs tens of milliseconds
-    (the fork server that forks them starts once per program, in about a second), closing one a few, and
-    each call a pipe round trip (about 0.1 ms).
+    Deadlines need :meth:`isolated`, which runs the env in a worker process that a deadline kills
+    (:class:`EnvTimeoutError`, :class:`EnvWorkerDiedError`); ``self.env`` is then the local
+    :class:`~gym_resilience.backends.process.IsolatedEnv` stand-in.
 
     Args:
         env: The env to wrap; the wrapper owns it from now on.
@@ -144,10 +130,8 @@ class ResilientEnv(
             With False the env stays open after such an error; interruptions still close it.
         reset_retry: Retry ``reset`` on ``reset_retry.retry_on`` errors; None (default) tries once.
             A worker that timed out or died is never retried.
-        isolate: Deprecated: ``ResilientEnv(env_fn, isolate=True, ...)`` is
-            ``ResilientEnv.isolated(env_fn, ...)``, and warns so.
-        step_timeout, reset_timeout, start_timeout, close_timeout: With ``isolate=True`` only, as for
-            :meth:`isolated`.
+        isolate, step_timeout, reset_timeout, start_timeout, close_timeout: The deprecated spelling of
+            :meth:`isolated` (``isolate=True`` warns); deadlines without it are refused.
 
     Raises:
         UnsupportedConfigError: a deadline without isolation, or an option of the wrong type. A refused
