@@ -47,7 +47,8 @@ from gym_resilience import (
 from gym_resilience.backends.protocol import StartAbort
 from gym_resilience.backends.ray import RayEnv
 from gym_resilience.engines.scripted import ScriptedEngine
-from gym_resilience.errors import is_transient, root_cause
+from gym_resilience.errors import root_cause
+from gym_resilience.retry import is_transient
 from gym_resilience.task_gen import generate_tasks, word_game_factory
 from gym_resilience.testing import ScriptableEnv, echo_step
 from harness.cluster import LocalCluster
@@ -56,7 +57,7 @@ from harness.netns import in_loopback_namespace
 pytestmark = pytest.mark.slow
 
 HOST = "_EnvHost"  # the class of an env's actor
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 GIVE_UP_S = 60.0  # a bound that proves something ends, never a speed check
 
 

@@ -43,7 +43,7 @@ from gym_resilience.errors import (
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.testing import ScriptableEnv
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parent.parent)
 CARTPOLE = functools.partial(gymnasium.make, "CartPole-v1")
 TASK = tasks(1)[0]
 HANGING_STEP = env_fn(Fault(kind="hang"))
