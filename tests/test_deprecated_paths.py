@@ -23,6 +23,8 @@ MOVED = [
     ("gym_resilience.errors", "settable", "gym_resilience.cleanup"),
     ("gym_resilience.errors", "ScenarioError", "harness.errors"),
     ("gym_resilience._text", "show", "gym_resilience.errors"),
+    ("gym_resilience.testing_servers", "VLLMServer", "gym_resilience.engines.vllm_server"),
+    ("gym_resilience.testing_servers", "servers", "gym_resilience.engines.vllm_server"),
 ]
 
 
