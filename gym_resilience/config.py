@@ -89,13 +89,13 @@ class RunnerConfig:
             more than this fraction of the batch failed, instead of training on mostly placeholders.
         generation_timeout_s: deadline of one engine call; the request is aborted in the engine.
         rollout_timeout_s: deadline of one whole rollout attempt (``RolloutTimeoutError``).
-        env_backend: where each rollout's env runs (``env_backends.make_env`` decides from it):
+        env_backend: where each rollout's env runs (``backends.choice.make_env`` decides from it):
             ``"thread"``, in this process, its calls in the ``env_threads`` pool; ``"process"``, in a
             worker process of its own (``IsolatedEnv``), so a hung env can be killed, and ``env_factory``
             and the tasks must then be picklable; ``"ray"``, in a Ray actor of its own (``RayEnv``) on the
             cluster this process is connected to (``ray.init``; see docs/ray.md), which a deadline kills.
         env_actor_options: with ``env_backend="ray"``, the options of each env's actor (``num_cpus``,
-            ``resources``, ``scheduling_strategy``, ...); None: ``ray_env.DEFAULT_ACTOR_OPTIONS``.
+            ``resources``, ``scheduling_strategy``, ...); None: ``backends.ray.DEFAULT_ACTOR_OPTIONS``.
         isolate_envs: ``True`` is the older spelling of ``env_backend="process"`` (the backend becomes
             ``"process"``; with another backend than ``"thread"`` or ``"process"`` it is refused).
         env_step_timeout_s, env_reset_timeout_s: deadlines of one env call; they need ``isolate_envs``
@@ -107,8 +107,9 @@ class RunnerConfig:
         failed_group_policy: with ``skip_failed_rollouts``, what happens to the rows of a group (the
             samples of one task) that holds a placeholder: ``"keep"`` trains on them as they are (a
             placeholder's 0.0 then enters the group's GRPO mean and std in a trainer that does not know
-            placeholders); ``"mask_group"`` gives every row of the group an all-zero loss mask, so the
-            trainer learns nothing from that group and nothing biased by it.
+            placeholders); ``"mask_group"`` gives every row of the group an all-zero loss mask and reward
+            0.0 in the output, so the trainer learns nothing from that group and nothing biased by it,
+            and dynamic sampling sees no variance there.
         token_layout: ``"closed"`` (the default) ends a turn that stopped without the end-of-turn token
             (a length-truncated one) with that token, loss-masked, before the observation, and a
             step-wise step's prompt is the previous prompt and response token for token;

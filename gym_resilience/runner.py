@@ -453,10 +453,14 @@ def post_process(trajectories: list[AnyTrajectory], output: BatchOutput, config:
 
 def mask_failed_groups(trajectories: list[AnyTrajectory], output: BatchOutput, groups: list[Any]) -> int:
     """Zero the loss mask of every row whose group (``groups[row]``, e.g. the task's instance id) holds a
-    placeholder, in the trajectories and in ``output`` alike; returns how many groups were masked.
+    placeholder, in the trajectories and in ``output`` alike, and that row's reward in ``output``; returns
+    how many groups were masked.
 
     This is ``failed_group_policy="mask_group"``: a trainer that knows nothing of placeholders (SkyRL's
-    GRPO puts a placeholder's 0.0 into its group's mean and std) learns nothing from such a group.
+    GRPO puts a placeholder's 0.0 into its group's mean and std) learns nothing from such a group. The
+    rewards go too (the trajectories keep theirs) so the group has no variance: SkyRL's dynamic sampling
+    (``filter``, ``replace``) would otherwise keep it, for the spread a placeholder made up, in place of a
+    group that teaches something; and its GRPO advantages are then exactly 0.
     """
     flags = output.is_placeholder or [False] * len(output)
     failed = {group for group, placeholder in zip(groups, flags, strict=True) if placeholder}
@@ -467,4 +471,6 @@ def mask_failed_groups(trajectories: list[AnyTrajectory], output: BatchOutput, g
         if groups[row] in failed:
             step.loss_mask = [0] * len(step.loss_mask)
             output.loss_masks[row] = list(step.loss_mask)
+            reward = output.rewards[row]
+            output.rewards[row] = [0.0] * len(reward) if isinstance(reward, list) else 0.0
     return len(failed)

@@ -23,6 +23,11 @@ VISION_KEYS: Final = ("pixel_values", "image_grid_thw")
 # Per batch, so a sum, mean, min or max over batches would be wrong: they stay in BatchResult.metrics.
 _PER_BATCH: Final = ("rollout_error_rate", "reward/mean", "rollouts", "batch_time_s")
 _PER_BATCH_PREFIXES: Final = ("e2e_time/",)
+# SkyRL's concatenate_generator_outputs averages a metric it does not compute whose name holds "avg" or
+# "mean", takes the min of one holding "min", the max of one holding "max", and sums the rest.
+_NOT_SUMMED: Final = ("avg", "mean", "min", "max")
+# Counters named after an exception class: a class such as TerminatedError would be aggregated as a min.
+_NAMED_COUNTERS: Final = ("rollout_errors/type/", "rollout_errors/cause/")
 _COMPLETION: Final = "generate/trajectory_time_completion_"
 _SPLITS: Final = (
     "generate/trajectory_time_llm_",
@@ -63,7 +68,10 @@ def skyrl_metrics(metrics: Mapping[str, float], release: SkyRLRelease) -> dict[s
     SkyRL's ``concatenate_generator_outputs`` recomputes its own ``generate/*`` metrics and, for any other
     key, averages those naming avg or mean, takes the min or max of those naming min or max, and sums the
     rest. The project's counters (``rollout_errors``, ``rollout_errors/*``, ``retries``, ...) are sums, so
-    they stay; its per-batch figures (``rollout_error_rate``, ``e2e_time/*``, ``reward/mean``,
+    they stay; a counter named after an exception class whose name holds one of those words
+    (``rollout_errors/cause/TerminatedError``) is added to ``rollout_errors/cause/other`` (or
+    ``type/other``) instead, which SkyRL sums (``BatchResult.metrics`` keeps the class name); its
+    per-batch figures (``rollout_error_rate``, ``e2e_time/*``, ``reward/mean``,
     ``rollouts``, ``batch_time_s``) are left out. Without ``trajectory_time_splits`` in the release, the
     completion times take its names (``generate/trajectory_completion_time_*``) and the splits are left
     out, as it has none.
@@ -77,5 +85,9 @@ def skyrl_metrics(metrics: Mapping[str, float], release: SkyRLRelease) -> dict[s
                 continue
             if name.startswith(_COMPLETION):
                 name = "generate/trajectory_completion_time_" + name.removeprefix(_COMPLETION)
+        prefix = next((p for p in _NAMED_COUNTERS if name.startswith(p)), None)
+        if prefix is not None and any(word in name.removeprefix(prefix) for word in _NOT_SUMMED):
+            name = prefix + "other"
+            value += out.get(name, 0.0)
         out[name] = value
     return out

@@ -27,7 +27,9 @@ Ray faults (``target: ray``): a ``kill_actor`` is injected by :class:`FaultyEnv`
 env's Ray actor and SIGKILLs its own worker process mid-step, so the driver sees the actor die during the
 call; a ``kill_node`` by :class:`NodeKiller`, a thread of the harness process that watches the span log
 and removes a worker node of the scenario's cluster. Inside an actor every ``reset`` span also logs the
-actor's node, which is where :func:`attempt_nodes` finds on which node each attempt ran.
+actor's node, which is how :class:`NodeKiller` sees, while the batch runs, which node hosts which envs
+(the probes read the runner's attempt records instead, which also know the node of an attempt that
+never got to ``reset``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.rollout_header import RolloutIdentity
 from gym_resilience.tasks import Task
 from harness.jsonlines import append_json_line, read_json_lines
-from harness.probes import attempt_nodes
 from harness.results import FaultFiring, RolloutSpan, TurnSpan
 from harness.spec import (
     ConnectionTargeting,
@@ -788,8 +789,13 @@ class NodeKiller:
 def _actors_per_node(spans: Sequence[Span]) -> dict[str, int]:
     """How many attempts' envs each node hosts: reset there, and not closed yet."""
     closed = {(s.rollout, s.attempt) for s in spans if s.kind == "close"}
+    reset = {
+        (s.rollout, s.attempt): s.node
+        for s in spans
+        if s.kind == "reset" and s.node is not None and s.rollout is not None and s.attempt is not None
+    }
     counts: dict[str, int] = {}
-    for (rollout, attempt), node in attempt_nodes(spans).items():
+    for (rollout, attempt), node in reset.items():
         if (rollout, attempt) not in closed:
             counts[node] = counts.get(node, 0) + 1
     return counts

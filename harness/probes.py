@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gym_resilience import (
     AnyTrajectory,
+    AttemptRecord,
     BatchOutput,
     OutputValidationError,
     describe_exception,
@@ -22,7 +23,7 @@ from gym_resilience import (
     validate_batch_output,
 )
 from harness.compare import Comparison
-from harness.results import EndpointSpan, FaultFiring
+from harness.results import ClusterNode, EndpointSpan, FaultFiring
 
 __all__ = [
     "METRICS_PREFIX",
@@ -70,6 +71,11 @@ class RunOutcome:
     """Ray actors of the scenario's cluster still alive after the run; None without a cluster."""
     head_node: str | None = None
     """The id of the scenario's cluster's head node; None without a cluster."""
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    """``BatchResult.attempts``: every attempt of every rollout, failed ones included, with the Ray node
+    its env actor was placed on; empty when the batch raised or a user pipeline ran."""
+    nodes: list[ClusterNode] = field(default_factory=list)
+    """The scenario's cluster's nodes, head first, and whether this run removed them; empty without one."""
 
 
 @dataclass(frozen=True)
@@ -144,16 +150,14 @@ def _masked_groups(runs: Runs) -> int | None:
     return len(group_relative_advantages(output, failed_group_policy="mask_group").masked_groups)
 
 
-def attempt_nodes(spans: Sequence[Any]) -> dict[tuple[int, int], str]:
-    """The Ray node each (rollout, attempt) ran on, from the node its ``reset`` span logged
-    (``harness.faults.Span``); an attempt whose env never finished a reset in a Ray actor is left out."""
+def attempt_nodes(attempts: Iterable[AttemptRecord]) -> dict[tuple[int, int], str]:
+    """The Ray node each (rollout, attempt) ran on, from the runner's attempt records: the node its env
+    actor was placed on, known as soon as it was placed, whether or not the attempt got as far as
+    ``reset``. An attempt whose node is not known (off Ray, an actor never placed) is left out."""
     return {
-        (span.rollout, span.attempt): span.node
-        for span in spans
-        if span.kind == "reset"
-        and span.node is not None
-        and span.rollout is not None
-        and span.attempt is not None
+        (record.rollout_index, record.attempt): record.node_id
+        for record in attempts
+        if record.node_id is not None
     }
 
 
@@ -163,7 +167,7 @@ def _actors_left_alive(runs: Runs) -> int | None:
 
 
 def _retries_moved_node(runs: Runs) -> int:
-    nodes = attempt_nodes(runs.faulted.spans)
+    nodes = attempt_nodes(runs.faulted.attempts)
     return sum(
         1
         for (rollout, attempt), node in nodes.items()
@@ -172,14 +176,14 @@ def _retries_moved_node(runs: Runs) -> int:
 
 
 def _nodes_used(runs: Runs) -> int:
-    return len(set(attempt_nodes(runs.faulted.spans).values()))
+    return len(set(attempt_nodes(runs.faulted.attempts).values()))
 
 
 def _envs_on_head_node(runs: Runs) -> int | None:
     head = runs.faulted.head_node
     if head is None:
         return None
-    return sum(1 for node in attempt_nodes(runs.faulted.spans).values() if node == head)
+    return sum(1 for node in attempt_nodes(runs.faulted.attempts).values() if node == head)
 
 
 def _ratio(numerator: float, denominator: float | None) -> float | None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from gym_resilience import (
     AnyTrajectory,
+    AttemptRecord,
     BatchOutput,
     BatchRunner,
     RunnerConfig,
@@ -57,9 +58,9 @@ from harness.faults import (
     read_firings,
 )
 from harness.ledger import EnvLedger
-from harness.probes import RunOutcome, Runs, observations
+from harness.probes import RunOutcome, Runs, attempt_nodes, observations
 from harness.proxy import FaultProxy
-from harness.results import FaultFiring, ProbeResult, RolloutSpan, ScenarioResult
+from harness.results import Attempt, ClusterNode, FaultFiring, ProbeResult, RolloutSpan, ScenarioResult
 from harness.spec import EnvFault, NetworkFault
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ __all__ = [
     "Bench",
     "ClusterUnavailableError",
     "RunOutcome",
+    "attempt_records",
     "enter_cluster_namespace",
     "judge",
     "rollout_records",
@@ -370,8 +372,10 @@ async def run_batch(
             trajectories: list[AnyTrajectory] | None = None
             output: BatchOutput | None = None
             metrics: dict[str, float] = {}
+            attempts: list[AttemptRecord] = []
             error: BaseException | None = None
             exits: list[BaseException] = []
+            workers = cluster.worker_node_ids() if cluster is not None else []
             if cluster is not None:
                 stack.enter_context(NodeKiller(plan, spans, cluster))
             try:
@@ -382,6 +386,7 @@ async def run_batch(
                 else:
                     result = await BatchRunner(faulty, factory, config).generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
+                    attempts = list(result.attempts)
             except BaseException as exc:
                 if not _raised_by_the_run(exc, interrupts):
                     raise
@@ -393,9 +398,13 @@ async def run_batch(
             moved = failovers() - before
             endpoints = watch.finish() if watch is not None else []
     actors_alive = envs_unclosed = None
+    nodes: list[ClusterNode] = []
     if cluster is not None:
         actors_alive = _settled(lambda: len(cluster.alive_actors()))
         envs_unclosed = _settled(ledger.unclosed)
+        left = set(cluster.worker_node_ids())
+        nodes = [ClusterNode(cluster.head_node_id, "head")]
+        nodes += [ClusterNode(node, f"worker {i}", node not in left) for i, node in enumerate(workers)]
     return RunOutcome(
         trajectories=trajectories,
         output=output,
@@ -411,6 +420,8 @@ async def run_batch(
         endpoints=endpoints,
         actors_alive=actors_alive,
         head_node=cluster.head_node_id if cluster is not None else None,
+        attempts=attempts,
+        nodes=nodes,
     )
 
 
@@ -530,6 +541,9 @@ def judge(
     result.firings = faulted.firings
     result.rollouts = rollout_records(faulted, n_rollouts, index_of, samples)
     result.baseline_rollouts = rollout_records(baseline, n_rollouts, index_of, samples)
+    result.attempts = attempt_records(faulted)
+    result.baseline_attempts = attempt_records(baseline)
+    result.nodes = faulted.nodes or baseline.nodes
     result.endpoints = faulted.endpoints
     result.outcome = probes[0].observed
     result.baseline_s, result.faulted_s = baseline.wall_s, faulted.wall_s
@@ -576,14 +590,20 @@ def _env_faults_unreachable(scenario: CompiledScenario, faulted: RunOutcome) -> 
 def rollout_records(
     outcome: RunOutcome, n_rollouts: int, index_of: Mapping[str, int], samples: int
 ) -> list[RolloutSpan]:
-    """Each rollout of a run: its calls (from the span log), whether a placeholder stands in for it (the
-    batch's ``is_placeholder`` column, whoever built the batch) and why it failed (the trajectory's
-    failure, else the fault that broke its last call).
+    """Each rollout of a run: its calls (from the span log, each with the Ray node its attempt's env ran
+    on, from the runner's attempt records), whether a placeholder stands in for it (the batch's
+    ``is_placeholder`` column, whoever built the batch) and why it failed (the trajectory's failure, else
+    the fault that broke its last call).
 
     A row's rollout is ``task index x samples + repetition`` by its trajectory id, or its position in
     the batch when it has none (``samples``: rollouts per task; 1 for a user pipeline).
     """
     rollouts = build_rollout_spans(outcome.spans, n_rollouts, until_s=outcome.end_s)
+    nodes = attempt_nodes(outcome.attempts)
+    if nodes:  # each call carries the node of its attempt's env
+        for record in rollouts:
+            where = [nodes.get((record.index, span.attempt)) for span in record.spans]
+            record.spans = [dataclasses.replace(s, node=n) for s, n in zip(record.spans, where, strict=True)]
     output = outcome.output
     if output is not None:
         for row, index in enumerate(_row_rollouts(output, index_of, samples)):
@@ -596,6 +616,22 @@ def rollout_records(
             error = _injected_failure(outcome.firings, record.index)
         record.error = error
     return rollouts
+
+
+def attempt_records(outcome: RunOutcome) -> list[Attempt]:
+    """Every attempt of every rollout of a run, as the runner recorded it (``BatchResult.attempts``),
+    failed ones included, with the node its env ran on."""
+    return [
+        Attempt(
+            rollout=record.rollout_index,
+            attempt=record.attempt,
+            node=record.node_id,
+            phase=record.phase,
+            elapsed_s=record.elapsed_s,
+            error=record.error,
+        )
+        for record in outcome.attempts
+    ]
 
 
 def _rollout_of(trajectory_id: Any, fallback: int, index_of: Mapping[str, int], samples: int) -> int:

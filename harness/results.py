@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "Attempt",
+    "ClusterNode",
     "EndpointSpan",
     "FaultFiring",
     "ProbeResult",
@@ -65,6 +67,36 @@ class TurnSpan:
     start_s: float
     end_s: float
     failed: bool
+    node: str | None = None
+    """The Ray node the env of this call's attempt ran on (its env calls ran there; engine calls run
+    wherever the engine does), from the runner's attempt record; None off Ray or when not known."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt at one rollout, as ``BatchRunner`` recorded it (``BatchResult.attempts``), failed ones
+    included: where its env ran, where it ended (``phase``), how long it took and what it raised."""
+
+    rollout: int
+    attempt: int
+    node: str | None
+    """The Ray node the attempt's env actor was placed on (``runner.env_backend: ray``), known once it was
+    placed, whether or not the attempt got to ``reset``; None off Ray, or for an actor never placed."""
+    phase: str
+    elapsed_s: float
+    error: str | None
+    """``Type: message`` of what the attempt raised; None if it returned a trajectory."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """One node of the scenario's local Ray cluster: its id, its role (``head``, ``worker 0``, ... in the
+    order the cluster added them, as ``kill_node`` faults number them) and whether the faulted run
+    removed it."""
+
+    node: str
+    role: str
+    removed: bool = False
 
 
 @dataclass(slots=True)
@@ -109,6 +141,13 @@ class ScenarioResult:
     """The fault-free baseline run's rollouts, built as ``rollouts`` is from the faulted run."""
     endpoints: list[EndpointSpan] = field(default_factory=list)
     """The faulted run's served endpoints; empty for an in-process engine."""
+    attempts: list[Attempt] = field(default_factory=list)
+    """Every attempt of every rollout of the faulted run, in rollout and attempt order; empty when the
+    batch raised (``BatchRunner`` returned no result) or a user pipeline ran."""
+    baseline_attempts: list[Attempt] = field(default_factory=list)
+    """The same for the fault-free baseline run."""
+    nodes: list[ClusterNode] = field(default_factory=list)
+    """The nodes of the scenario's Ray cluster (head first); empty without a ``cluster``."""
 
     def deviations(self) -> list[ProbeResult]:
         return [probe for probe in self.probes if not probe.held]

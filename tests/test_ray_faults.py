@@ -15,7 +15,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from gym_resilience import UnsupportedConfigError
+from gym_resilience import AttemptRecord, UnsupportedConfigError
 from gym_resilience.task_gen import generate_tasks, word_game_factory
 from harness.compare import compare_outputs
 from harness.faults import FaultPlan, FaultyEnv, NodeKiller, SpanLog
@@ -242,25 +242,23 @@ def test_a_node_killer_whose_removal_fails_raises_that_error_when_its_block_is_l
     assert plan.firings() == []
 
 
-def test_the_node_probes_count_retries_that_moved_and_the_nodes_used(tmp_path: Path) -> None:
-    spans = SpanLog(tmp_path / "spans.jsonl", start=time.time())
-    now = time.time()
-    for rollout, attempt, node in [(0, 0, "a"), (0, 1, "b"), (1, 0, "a"), (1, 1, "a"), (2, 1, "c")]:
-        spans.record(
-            "reset",
-            rollout=rollout,
-            attempt=attempt,
-            turn=None,
-            started=now,
-            ended=now,
-            failed=False,
-            node=node,
-        )
-    faulted = RunOutcome(None, None, {}, None, 1.0, 0, 0, spans=spans.read(), actors_alive=1)
+def test_the_node_probes_count_retries_that_moved_and_the_nodes_used() -> None:
+    attempts = [
+        AttemptRecord(rollout, attempt, node, "close", 0.1, None)
+        for rollout, attempt, node in [
+            (0, 0, "a"),
+            (0, 1, "b"),
+            (1, 0, "a"),
+            (1, 1, "a"),
+            (2, 0, None),
+            (2, 1, "c"),
+        ]
+    ]
+    faulted = RunOutcome(None, None, {}, None, 1.0, 0, 0, attempts=attempts, actors_alive=1)
     baseline = RunOutcome(None, None, {}, None, 1.0, 0, 0, actors_alive=0)
     runs = Runs(baseline, faulted, compare_outputs(None, None), 3, False, None)
     observed = observe(runs)
-    # Rollout 0 moved from a to b; rollout 1 stayed; rollout 2's first attempt never reset on a node.
+    # Rollout 0 moved from a to b; rollout 1 stayed; rollout 2's first attempt was never placed on a node.
     assert (observed["retries_moved_node"], observed["nodes_used"], observed["actors_left_alive"]) == (
         1,
         3,

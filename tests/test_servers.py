@@ -104,6 +104,12 @@ def test_the_environment_defaults_to_vllms_settings_and_keeps_the_callers() -> N
     assert "VLLM_RPC_BASE_PATH" not in server_environment({}, cache, None)
 
 
+def test_a_server_runs_under_this_interpreter_unless_another_is_named(tmp_path: Path) -> None:
+    assert VLLMServer(tmp_path).command[0] == sys.executable
+    other = tmp_path / "venv" / "bin" / "python"
+    assert VLLMServer(tmp_path, python=other).command[:3] == [str(other), "-m", SERVER_MODULE]
+
+
 def test_a_server_command_needs_a_named_device() -> None:
     with pytest.raises(UnsupportedConfigError, match="not 'auto'"):
         server_command(VLLMArgs(Path("/m")), host="127.0.0.1", port=1)

@@ -437,3 +437,24 @@ def test_reward_metrics_count_every_row_where_reward_mean_counts_successes_only(
 def test_an_empty_batch_has_no_skyrl_metrics() -> None:
     empty = build_batch_output([])
     assert generate_metrics(empty) == {} and reward_metrics(empty) == {}
+
+
+def test_counters_named_after_a_class_skyrl_would_not_sum_are_added_to_other() -> None:
+    from gym_resilience.skyrl_format import SkyRLRelease, skyrl_metrics
+
+    release = SkyRLRelease(keys=("rewards",), trajectory_id=object)
+    metrics = {
+        "rollout_errors": 4.0,
+        "rollout_errors/cause/TerminatedError": 1.0,  # "min": SkyRL would take the minimum over batches
+        "rollout_errors/cause/MaxedOutError": 1.0,  # capital M: SkyRL's test is case-sensitive, so summed
+        "rollout_errors/cause/BadmeanError": 2.0,
+        "rollout_errors/type/EnvStepError": 4.0,
+        "generate/min_num_tokens": 3.0,
+    }
+    assert skyrl_metrics(metrics, release) == {
+        "rollout_errors": 4.0,
+        "rollout_errors/cause/other": 3.0,
+        "rollout_errors/cause/MaxedOutError": 1.0,
+        "rollout_errors/type/EnvStepError": 4.0,
+        "generate/min_num_tokens": 3.0,
+    }

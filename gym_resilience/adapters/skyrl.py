@@ -354,9 +354,9 @@ class _ResilientSkyRLGenerator:
             groups = [
                 trajectory_ids[row].instance_id if trajectory_ids is not None else row for row in row_of_step
             ]
-            output.loss_masks = loss_masks
+            output.loss_masks, output.rewards = loss_masks, rewards
             masked = mask_failed_groups(result.trajectories, output, groups)
-            loss_masks = output.loss_masks
+            loss_masks, rewards = output.loss_masks, output.rewards
             metrics["rollout_groups_masked"] = float(masked)
         ids = [trajectory_ids[row] for row in row_of_step] if step_wise else None
         return {

@@ -24,8 +24,9 @@ import os
 import pickle
 import threading
 import time
+import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import gymnasium
 
@@ -153,13 +154,65 @@ def _actor_options(actor_options: Mapping[str, Any] | None, name: str | None) ->
     return options
 
 
+NODE_LOOKUP_S: Final = 5.0
+"""How long, at most, finding an actor's node waits: for the actor's own answer, then for the GCS."""
+
 _HANDLES_KEPT_IN_FORKS: list[Any] = []
+
+# Every env actor's _Actor in this process not yet collected (garbage cycles included), for the fork hook.
+_ACTORS: weakref.WeakSet[_Actor] = weakref.WeakSet()
 
 
 def _keep_in_fork(handle: Any) -> None:
     """Hold a forked copy's actor handle for good: the copy shares the parent's Ray identity, so Ray
     would take the last reference dropped here for the parent's and end the actor under it."""
     _HANDLES_KEPT_IN_FORKS.append(handle)
+
+
+def _keep_every_handle_in_forked_child() -> None:
+    """In a forked child, right after the fork: hold every actor handle and object ref of an env actor
+    for good, so that none is ever released there.
+
+    Releasing one runs Ray's client (``ActorHandle.__del__``, ``ObjectRef.__dealloc__``), whose threads
+    did not survive the fork and whose connections the child shares with its parent: the child's garbage
+    collector dropping an env that failed to start, or one the parent dropped without collecting it yet,
+    could hang the child, and did write into the parent's connection to the GCS, whose next request to it
+    never returned.
+    """
+    for actor in list(_ACTORS):
+        _HANDLES_KEPT_IN_FORKS.append((actor.handle, actor._where))
+
+
+os.register_at_fork(after_in_child=_keep_every_handle_in_forked_child)
+
+
+def _is_node_id(value: Any) -> bool:
+    """Whether ``value`` is a node id (hex) rather than empty or nil (all ``f``: not placed yet)."""
+    return isinstance(value, str) and bool(value) and value.strip("f") != ""
+
+
+def _node_from_gcs(ray: Any, actor_id: str, timeout: float) -> str | None:
+    """The node (hex) the GCS placed actor ``actor_id`` on, dead or alive, from its actor table; None if
+    it was never placed, or the GCS did not answer within ``timeout`` seconds.
+
+    The GCS records the actor's worker (its port and node) when it leases it one, before the actor runs
+    anything, and keeps it after the actor died: it knows where an actor went that died before it could
+    say. Before that lease, the address has no port, and its node is only where the request waits.
+    """
+    found: list[str] = []
+
+    def look_up() -> None:
+        with contextlib.suppress(Exception):  # a GCS that is gone or refuses: the node stays unknown
+            info = ray._private.state.actors(actor_id=actor_id)
+            address = info.get("Address") if isinstance(info, Mapping) else None
+            if isinstance(address, Mapping) and address.get("Port") and _is_node_id(address.get("NodeID")):
+                found.append(str(address["NodeID"]))
+
+    # In a thread of its own: the GCS client waits for its answer without a deadline.
+    thread = threading.Thread(target=look_up, name="gym-resilience-actor-node", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return found[0] if found else None
 
 
 class _Actor:
@@ -182,6 +235,13 @@ class _Actor:
         self._state_lock = threading.Lock()
         self._owner_pid = os.getpid()
         self.running = True
+        _ACTORS.add(self)
+
+    @classmethod
+    def create(cls, ray: Any, options: Mapping[str, Any], *, close_timeout: float) -> _Actor:
+        """A new env actor with ``options``, asked for its node first (no handle is left in this frame)."""
+        handle = _host_class().options(**options).remote()
+        return cls(ray, handle, handle.node_id.remote(), close_timeout=close_timeout)
 
     def start(self, env_fn: EnvFn, timeout: float | None, abort: StartAbort | None) -> dict[str, Any]:
         """Builds the env in the actor: its description, or what ``env_fn`` raised there."""
@@ -280,6 +340,9 @@ class _Actor:
             # only killing it is safe.
             self._end()
             raise
+        finally:
+            # The error's traceback keeps this frame: it must not keep the reply's object ref too.
+            del reply
         error: EnvError
         if not ended_here:  # close() or kill() from another thread during this call: "you closed it"
             error, cause = EnvClosedError(operation=operation, env_id=self.env_id), None
@@ -293,17 +356,33 @@ class _Actor:
                 operation=operation, env_id=self.env_id, actor_id=self.actor_id, node_id=self.node_id
             )
         self.lost = error
-        raise error from cause
+        try:
+            raise error from cause
+        finally:
+            del error, cause  # the error's traceback keeps this frame: no cycle through it
 
-    def _find_node(self) -> None:
-        """Reads the actor's node from the reply of ``node_id()``, if it arrived (it may not have)."""
-        if self.node_id is not None:
+    def _find_node(self, wait_s: float = NODE_LOOKUP_S) -> None:
+        """Finds the actor's node: from its reply to ``node_id()`` (submitted before anything else), or,
+        when it died before it could say, from the GCS, which records where it placed the actor. Waits
+        about ``wait_s`` at most in all (the GCS gets at least a second). It stays None for an actor that
+        was never placed."""
+        if self.node_id is not None or self._where is None:
             return
-        ready, _ = self._ray.wait([self._where], timeout=0)
-        if ready:
-            # Empty when the actor died before it said.
-            with contextlib.suppress(self._ray.exceptions.RayError):
-                self.node_id = str(self._ray.get(ready[0]))
+        deadline = time.monotonic() + wait_s
+        with contextlib.suppress(self._ray.exceptions.RayError):
+            # Once the actor ran anything (its start), its reply is on its way; once it died, the reply
+            # is its death, which arrives at once.
+            ready, _ = self._ray.wait([self._where], timeout=wait_s)
+            if ready:
+                self.node_id = str(self._ray.get(ready[0]))  # raises when it died before it said
+        if self.node_id is None:
+            self.node_id = _node_from_gcs(self._ray, self.actor_id, max(deadline - time.monotonic(), 1.0))
+
+    def forget(self) -> None:
+        """Drops this object's references to the actor (its handle, its reply) once it was killed, so a
+        failed start's error, which keeps this object, keeps no Ray reference alive."""
+        self.handle = None
+        self._where = None
 
     def _unpack(self, data: bytes) -> Any:
         where = f"the env's Ray actor {self.actor_id} on node {self.node_id}"
@@ -369,14 +448,13 @@ class RayEnv(RemoteEnv):
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
         self.close_timeout = close_timeout
-        handle = _host_class().options(**options).remote()
-        self._host = self._actor = actor = _Actor(
-            ray, handle, handle.node_id.remote(), close_timeout=close_timeout
-        )
+        self._host = self._actor = actor = _Actor.create(ray, options, close_timeout=close_timeout)
         try:
             description = actor.start(env_fn, start_timeout, abort)
         except BaseException:
             actor.kill()
+            # The error keeps this frame and the actor's: neither keeps a reference to the dead actor.
+            actor.forget()
             raise
         actor.env_id = self._adopt(description)
 
@@ -387,7 +465,8 @@ class RayEnv(RemoteEnv):
 
     @property
     def node_id(self) -> str | None:
-        """The id (hex) of the node the actor runs on; None if it died before saying."""
+        """The id (hex) of the node the actor runs on; None only if neither the actor nor Ray's GCS said
+        within :data:`NODE_LOOKUP_S`."""
         return self._actor.node_id
 
     def __repr__(self) -> str:

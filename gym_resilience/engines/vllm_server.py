@@ -130,6 +130,8 @@ class VLLMServer(Service):
         log_path: where the server's output goes; None: a new file under the cache's ``servers``. vLLM's
             own lines in it are its warnings only unless ``VLLM_LOGGING_LEVEL`` is set (here or in ``env``).
         env: variables to set in the server's environment, over everything else.
+        python: the interpreter that runs the server; None: this one (``sys.executable``). Another
+            environment's, where vLLM cannot be installed beside the caller's packages.
 
     ``start()`` returns at once; ``wait_healthy()`` waits for ``/health`` (about 45 s on a cold CPU
     machine; from async code, ``await asyncio.to_thread(server.wait_healthy)``). ``with`` starts it and
@@ -152,6 +154,7 @@ class VLLMServer(Service):
         extra_args: Sequence[str] = (),
         log_path: str | Path | None = None,
         env: Mapping[str, str] | None = None,
+        python: str | Path | None = None,
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise UnsupportedConfigError(f"expected 'cpu' or 'cuda', got {device!r}", option="device")
@@ -172,7 +175,12 @@ class VLLMServer(Service):
         self.host = host
         self.port = port if port is not None else free_ports(1, host)[0]
         self.command = server_command(
-            self.args, host=host, port=self.port, log_stats=log_stats, extra_args=extra_args
+            self.args,
+            host=host,
+            port=self.port,
+            log_stats=log_stats,
+            extra_args=extra_args,
+            python=sys.executable if python is None else str(python),
         )
         self._log_path = Path(log_path) if log_path is not None else None
         self._env = dict(env or {})

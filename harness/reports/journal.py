@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 from harness.results import (
+    Attempt,
+    ClusterNode,
     EndpointSpan,
     FaultFiring,
     ProbeResult,
@@ -114,6 +116,11 @@ def journal_from_json(data: Any) -> RunJournal:
             fields["baseline_rollouts"] = [_rollout(item) for item in fields.get("baseline_rollouts", [])]
             where = f"scenarios[{number}].endpoints"
             fields["endpoints"] = [_endpoint(endpoint) for endpoint in fields.get("endpoints", [])]
+            for name in ("attempts", "baseline_attempts"):
+                where = f"scenarios[{number}].{name}"
+                fields[name] = [Attempt(**_mapping(item)) for item in fields.get(name, [])]
+            where = f"scenarios[{number}].nodes"
+            fields["nodes"] = [ClusterNode(**_mapping(node)) for node in fields.get("nodes", [])]
             where = f"scenarios[{number}]"
             if fields.get("status") not in STATUSES:
                 raise TypeError(f"status must be one of {', '.join(STATUSES)}, got {fields.get('status')!r}")
@@ -186,6 +193,11 @@ def _endpoint(data: Any) -> EndpointSpan:
     # JSON has no tuples: each (start, end) comes back as a list.
     fields["down_s"] = [(float(start), float(end)) for start, end in fields.get("down_s", [])]
     return EndpointSpan(**fields)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    _expect_mapping(value)
+    return dict(value)
 
 
 def _expect_mapping(value: Any) -> None:

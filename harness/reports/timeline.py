@@ -9,7 +9,10 @@ Rows, top to bottom, time on x:
 - one per rollout. Generation and env calls are bars of two colors (reset and close are narrower than
   step, and darker), a failed call is outlined red, a retry (attempt 1 or later) is hatched and
   lighter, and a placeholder rollout's row is shaded. The baseline run's rollout is a thin grey bar
-  under the faulted one, and a dashed grey line marks where the baseline's batch ended.
+  under the faulted one, and a dashed grey line marks where the baseline's batch ended. On a Ray
+  cluster each attempt's calls are topped by a thin strip in the color of the node its env ran on, and
+  the row's label names the node of each attempt in order (``r3 w0>w1``: attempt 0 on worker node 0,
+  attempt 1 on worker node 1), failed attempts included, those that never got to a call too.
 
 Every call and every stretch out of rotation is drawn at least ``MIN_SPAN_FRACTION`` of the time axis
 wide, centred on where it happened, so a 40 µs step next to seconds of generation still shows. Each
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from harness.reports.text import deviation_line
 from harness.results import (
+    Attempt,
     EndpointSpan,
     FaultFiring,
     RolloutSpan,
@@ -68,6 +72,7 @@ _STATUS_COLORS: dict[Status, str] = {
     "invalid": "#B8860B",
     "error": "#9467BD",
 }
+_NODE_COLORS = ("#1B9E77", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D")
 _SHARED_ROW = "engine/network"
 _DPI = 100
 _WIDTH_IN = 12.0
@@ -170,11 +175,55 @@ def _rows(result: ScenarioResult) -> list[_Row]:
         | {rollout.index for rollout in result.baseline_rollouts}
         | {firing.rollout for firing in result.firings if firing.rollout is not None}
     )
+    on_nodes = _attempt_nodes_by_rollout(result.attempts, _node_names(result))
     for index in sorted(indices):
         is_placeholder = placeholder.get(index, False)
         label = f"r{index} placeholder" if is_placeholder else f"r{index}"
+        if index in on_nodes:
+            label = f"{label} {on_nodes[index]}"
         rows.append(_Row("rollout", index, label, is_placeholder))
     return rows
+
+
+class _NodeName(NamedTuple):
+    short: str  # in row labels: head, w0, w1, ... (or the id's first characters for a node not listed)
+    long: str  # in the legend: head, worker 0 (removed), ...
+    color: str
+
+
+def _node_names(result: ScenarioResult) -> dict[str, _NodeName]:
+    """Each node the scenario's attempts ran on, named after its role in the cluster, colored in turn."""
+    names: dict[str, _NodeName] = {}
+    known = {node.node: node for node in result.nodes}
+    used = {attempt.node for attempt in result.attempts if attempt.node is not None}
+    used |= {span.node for rollout in result.rollouts for span in rollout.spans if span.node is not None}
+    ordered = [node.node for node in result.nodes if node.node in used]
+    ordered += sorted(used - set(ordered))
+    for number, node in enumerate(ordered):
+        color = _NODE_COLORS[number % len(_NODE_COLORS)]
+        listed = known.get(node)
+        if listed is None:
+            names[node] = _NodeName(node[:6], f"node {node[:12]}", color)
+            continue
+        short = "head" if listed.role == "head" else listed.role.replace("worker ", "w")
+        names[node] = _NodeName(short, f"{listed.role} (removed)" if listed.removed else listed.role, color)
+    return names
+
+
+def _attempt_nodes_by_rollout(attempts: Sequence[Attempt], names: dict[str, _NodeName]) -> dict[int, str]:
+    """Per rollout, the node of each of its attempts in order (``w0>w1``; ``?`` for one not known)."""
+    by_rollout: dict[int, list[Attempt]] = {}
+    for attempt in attempts:
+        by_rollout.setdefault(attempt.rollout, []).append(attempt)
+    labels = {}
+    for rollout, tries in by_rollout.items():
+        if not any(attempt.node is not None for attempt in tries):
+            continue
+        tries.sort(key=lambda attempt: attempt.attempt)
+        labels[rollout] = ">".join(
+            names[attempt.node].short if attempt.node in names else "?" for attempt in tries
+        )
+    return labels
 
 
 def _endpoint_label(endpoint: EndpointSpan) -> str:
@@ -249,10 +298,12 @@ def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[_Row], last: float)
 
     for endpoint in result.endpoints:
         _endpoint_row(axes, row_of[("endpoint", endpoint.index)], endpoint, _faulted_end(result), min_width)
+    nodes = _node_names(result)
     for rollout in result.rollouts:
         y = row_of[("rollout", rollout.index)] + lanes.calls
         for span in rollout.spans:
             _bar(axes, y, lanes.calls_height, rollout.index, span, min_width)
+        _node_strips(axes, y - lanes.calls_height / 2, rollout, nodes, min_width)
     if result.baseline_rollouts:
         _baseline(axes, result.baseline_rollouts, row_of, lanes)
     _firings(axes, result, row_of, lanes, small=len(rows) > 32)
@@ -278,6 +329,23 @@ def _bar(axes: Axes, y: float, height: float, rollout: int, span: TurnSpan, min_
         zorder=4 if span.failed else 3 if widened else 2,
     )
     patch.set_gid(f"r{rollout} {span.kind} turn {span.turn} attempt {span.attempt}")
+
+
+def _node_strips(
+    axes: Axes, top: float, rollout: RolloutSpan, names: dict[str, _NodeName], min_width: float
+) -> None:
+    """Over each attempt's calls, a thin strip in the color of the node its env ran on."""
+    by_attempt: dict[int, tuple[_NodeName, list[TurnSpan]]] = {}
+    for span in rollout.spans:
+        if span.node is not None and span.node in names:
+            by_attempt.setdefault(span.attempt, (names[span.node], []))[1].append(span)
+    for attempt, (name, spans) in sorted(by_attempt.items()):
+        start, end = min(span.start_s for span in spans), max(span.end_s for span in spans)
+        left, width, _ = _visible(start, end, min_width)
+        (patch,) = axes.barh(
+            top - 0.05, width, left=left, height=0.07, color=name.color, linewidth=0, zorder=2
+        )
+        patch.set_gid(f"r{rollout.index} attempt {attempt} node {name.short}")
 
 
 def _visible(start: float, end: float, min_width: float) -> tuple[float, float, bool]:
@@ -510,6 +578,9 @@ def _legend_handles(result: ScenarioResult) -> list[Artist]:
         handles.append(Patch(facecolor="#ffffff", edgecolor=_FAILED, linewidth=1.8, label="call failed"))
     if any(rollout.placeholder for rollout in result.rollouts):
         handles.append(Patch(facecolor=_PLACEHOLDER, alpha=0.15, label="placeholder rollout"))
+    for name in _node_names(result).values():
+        label = f"env on {name.long}" if name.short == name.long else f"env on {name.short}: {name.long}"
+        handles.append(Patch(facecolor=name.color, label=label))
     if result.baseline_rollouts:
         handles.append(Patch(facecolor=_BASELINE, label="rollout in the fault-free baseline"))
         handles.append(Line2D([], [], color=_BASELINE, linestyle="--", label="baseline batch ended"))

@@ -547,3 +547,175 @@ def test_a_forked_child_that_drops_a_ray_env_leaves_the_parents_actor_serving(
     actor_id = env.unwrapped.actor_id  # type: ignore[attr-defined]
     env.close()
     assert_dead(ray_cluster, actor_id)
+
+
+def waited_child(pid: int, limit_s: float = GIVE_UP_S) -> int:
+    """The exit code of forked child ``pid``; a child still running after ``limit_s`` is killed (-9)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return -9
+
+
+def within(seconds: float, call: Callable[[], Any]) -> bool:
+    """Whether ``call()`` returned within ``seconds``: in a thread, since a Ray client call that hangs
+    does so in native code, where no signal (pytest-timeout's included) reaches it."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def test_a_forked_child_collecting_an_env_that_failed_to_start_leaves_the_parents_ray_client_working(
+    ray_cluster: LocalCluster,
+) -> None:
+    """A failed start's error is a reference cycle, freed by the garbage collector: in a forked child it
+    once dropped the dead actor's handle there, and Ray's client in the child wrote into the connection
+    it shares with the parent, whose next request to the GCS never returned."""
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    abort = StartAbort()
+    timer = threading.Timer(1.0, abort.abort)
+    gc.disable()  # the failed start stays garbage until the child collects it
+    try:
+        timer.start()
+        with pytest.raises(EnvClosedError):
+            RayEnv(sleep_forever, abort=abort)
+        assert_dead(ray_cluster, *({record.actor_id for record in ray_cluster.actors(HOST)} - before))
+        alive = RayEnv(ScriptableEnv)  # and one the parent still uses
+        pid = os.fork()
+        if pid == 0:  # the child: whatever happens, it ends here
+            try:
+                gc.collect()
+            finally:
+                os._exit(0)
+        assert waited_child(pid) == 0
+    finally:
+        timer.cancel()
+        gc.enable()
+    assert within(GIVE_UP_S, ray_cluster.actors), "the parent's request to the GCS never returned"
+    alive.reset()
+    alive.close()
+    assert_no_env_actor_alive(ray_cluster)
+
+
+def test_a_failed_start_leaves_no_reference_to_its_actor_in_its_error(ray_cluster: LocalCluster) -> None:
+    before = {record.actor_id for record in ray_cluster.actors(HOST)}
+    gc.collect()
+    with pytest.raises(EnvTimeoutError) as caught:
+        RayEnv(sleep_forever, start_timeout=1.0)
+    (made,) = {record.actor_id for record in ray_cluster.actors(HOST)} - before
+    # The error keeps the frames it went through: none holds the actor's handle or an object ref.
+    frames, traceback = [], caught.value.__traceback__
+    while traceback is not None:
+        frames.append(traceback.tb_frame)
+        traceback = traceback.tb_next
+    held = [
+        (frame.f_code.co_name, name)
+        for frame in frames
+        for name, value in frame.f_locals.items()
+        if isinstance(value, ray.actor.ActorHandle | ray.ObjectRef)
+    ]
+    assert held == []
+    handles = [o for o in gc.get_objects() if isinstance(o, ray.actor.ActorHandle)]
+    assert made not in {handle._actor_id.hex() for handle in handles}
+    assert_dead(ray_cluster, made)
+
+
+def test_a_forked_child_holds_every_env_actors_handle_from_the_moment_it_starts() -> None:
+    """No Ray needed: the fork hook holds the handles of every ``_Actor`` not yet collected."""
+    from types import SimpleNamespace
+
+    from gym_resilience.backends import ray as ray_env
+
+    handle, where = SimpleNamespace(_actor_id=SimpleNamespace(hex=lambda: "a1")), object()
+    actor = ray_env._Actor(None, handle, where, close_timeout=1.0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            kept = any(item == (handle, where) for item in ray_env._HANDLES_KEPT_IN_FORKS)
+            os.write(write, b"kept" if kept else b"lost")
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert waited_child(pid) == 0
+    assert os.read(read, 16) == b"kept"
+    os.close(read)
+    assert (handle, where) not in ray_env._HANDLES_KEPT_IN_FORKS  # the parent's are its own to drop
+    del actor
+
+
+# --- where an actor ran -----------------------------------------------------------------------------------
+
+
+@ray.remote
+def fails() -> None:
+    raise ValueError("no answer")
+
+
+def test_an_actors_node_comes_from_the_gcs_when_the_actor_never_said_alive_or_dead(
+    ray_cluster: LocalCluster,
+) -> None:
+    from gym_resilience.backends.ray import _Actor, _host_class
+
+    node = ray_cluster.worker_node_ids()[0]
+    handle = (
+        _host_class()
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+        .remote()
+    )
+    assert ray.get(handle.node_id.remote(), timeout=GIVE_UP_S) == node  # placed and running
+    # As an actor whose answer to node_id() never came (it died first): the GCS says where it went.
+    actor = _Actor(ray, handle, fails.remote(), close_timeout=1.0)
+    actor._find_node()
+    assert actor.node_id == node
+    actor.kill()
+    assert_dead(ray_cluster, actor.actor_id)
+    dead = _Actor(ray, handle, fails.remote(), close_timeout=1.0)
+    dead._find_node()
+    assert dead.node_id == node
+
+
+def test_an_actor_that_was_never_placed_has_no_node_and_the_lookup_is_bounded(
+    ray_cluster: LocalCluster,
+) -> None:
+    from gym_resilience.backends.ray import _Actor, _host_class
+
+    handle = _host_class().options(num_cpus=0, resources={"no_such_resource": 1}).remote()
+    actor = _Actor(ray, handle, handle.node_id.remote(), close_timeout=1.0)
+    start = time.monotonic()
+    actor._find_node(wait_s=1.0)
+    assert actor.node_id is None
+    assert time.monotonic() - start < 10.0
+    actor.kill()
+    assert_dead(ray_cluster, actor.actor_id)
+
+
+def test_a_gcs_that_does_not_answer_leaves_the_node_unknown_within_the_bound() -> None:
+    from types import SimpleNamespace
+
+    from gym_resilience.backends.ray import _node_from_gcs
+
+    node = "ab" * 28
+
+    def gcs(answer: Callable[[str], Any]) -> Any:
+        return SimpleNamespace(_private=SimpleNamespace(state=SimpleNamespace(actors=answer)))
+
+    def stuck(actor_id: str) -> dict[str, Any]:
+        time.sleep(30)
+        return {"Address": {"NodeID": node, "Port": 4321}}
+
+    start = time.monotonic()
+    assert _node_from_gcs(gcs(stuck), "a1", timeout=0.5) is None
+    assert time.monotonic() - start < 5.0
+    placed = {"Address": {"NodeID": node, "Port": 4321}}
+    assert _node_from_gcs(gcs(lambda actor_id: placed), "a1", 5.0) == node
+    # No worker leased yet (no port: the node is where the request waits), a nil node, no record at all.
+    for address in ({"NodeID": node, "Port": 0}, {"NodeID": "f" * 56, "Port": 1}, {"NodeID": "", "Port": 1}):
+        assert _node_from_gcs(gcs(lambda actor_id, a=address: {"Address": a}), "a1", 5.0) is None
+    assert _node_from_gcs(gcs(lambda actor_id: {}), "a1", 5.0) is None

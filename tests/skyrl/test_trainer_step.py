@@ -78,14 +78,33 @@ async def test_mask_group_leaves_every_row_of_a_failed_group_without_loss(
     # q0 (one sample failed) and q2 (both failed): every row without loss; q1 and q3 keep theirs.
     masked = [sum(mask) == 0 for mask in output["loss_masks"]]
     assert masked == [True, True, False, False, True, True, False, False]
-    effective = data["advantages"] * data["loss_mask"]
-    assert (effective[[0, 1, 4, 5]] == 0).all()
+    # SkyRL's GRPO gives the masked groups' rows advantage 0 on every token, not only under the mask.
+    assert (data["loss_mask"][[0, 1, 4, 5]] == 0).all()
+    assert (data["advantages"][[0, 1, 4, 5]] == 0).all()
+    assert (data["loss_mask"][[2, 3, 6, 7]].sum(dim=1) > 0).all()
     assert ppo.all_metrics["rollout_groups_masked"] == 2
 
 
-async def test_keep_puts_the_placeholders_zero_into_its_groups_grpo_statistics(tokenizer: Any) -> None:
+def real_sample_advantage(output: dict[str, Any], data: Any, row: int) -> float:
+    mask = data["loss_mask"][row].bool()
+    return float(data["advantages"][row][mask].mean()) if mask.any() else 0.0
+
+
+@pytest.mark.parametrize(("norm_by_std", "expected"), [(True, 0.7071), (False, 0.0667)])
+async def test_keep_puts_the_placeholders_zero_into_its_groups_grpo_statistics(
+    tokenizer: Any, norm_by_std: bool, expected: float
+) -> None:
     gen = generator(tokenizer, {"skip_failed_rollouts": True, "failed_group_policy": "keep"}, max_turns=3)
-    output, _ = await train_step(trainer(gen, tokenizer), flaky_batch())
-    # q0's real sample keeps its loss; its advantage is relative to the placeholder's 0.0.
+    output, data = await train_step(trainer(gen, tokenizer, norm_by_std=norm_by_std), flaky_batch())
+    # q0's real sample scored 0.133 and keeps its loss; its advantage is relative to the placeholder's 0.0
+    # (docs/coming-from-skyrl.md's table): (r - r/2) / std([r, 0.0]) = 0.707 for any r > 0, or r/2.
+    assert sum(output["rewards"][0]) == pytest.approx(2 * 0.2 / 3)  # two well-formatted wrong answers
     assert sum(output["loss_masks"][0]) > 0
     assert sum(output["loss_masks"][1]) == 0
+    assert real_sample_advantage(output, data, 0) == pytest.approx(expected, abs=1e-3)
+    # mask_group: the same sample, no loss and advantage 0.
+    gen = generator(
+        tokenizer, {"skip_failed_rollouts": True, "failed_group_policy": "mask_group"}, max_turns=3
+    )
+    output, data = await train_step(trainer(gen, tokenizer, norm_by_std=norm_by_std), flaky_batch())
+    assert real_sample_advantage(output, data, 0) == 0.0 and (data["advantages"][0] == 0).all()
