@@ -29,10 +29,10 @@ from typing import Any
 import gymnasium
 
 from gym_resilience import BatchRunner, ResilientEnv, RunnerConfig, Task
+from gym_resilience.backends.process import IsolatedEnv
+from gym_resilience.backends.ray import RayEnv
 from gym_resilience.config import ENV_BACKENDS, EnvBackend
 from gym_resilience.engines.scripted import ScriptedEngine
-from gym_resilience.isolation import IsolatedEnv
-from gym_resilience.ray_env import RayEnv
 from gym_resilience.testing import ScriptableEnv
 from harness.run.cluster import LocalCluster
 from harness.run.netns import loopback_namespace

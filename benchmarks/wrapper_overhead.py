@@ -21,7 +21,7 @@ import gymnasium
 import numpy as np
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
-from gym_resilience.env import ResilientEnv
+from gym_resilience.backends.resilient import ResilientEnv
 
 ENV_ID = "CartPole-v1"
 SEED = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, SupportsFloat
 
-from gym_resilience.env import ResilientEnv
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.errors import EnvStepError
 from gym_resilience.testing import ScriptableEnv, echo_step
 

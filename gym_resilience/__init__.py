@@ -6,8 +6,8 @@ from gym_resilience.advantages import (
     GroupStats,
     group_relative_advantages,
 )
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.config import RunnerConfig
-from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
     AllRolloutsFailedError,
     DependencyNotInstalledError,
@@ -27,7 +27,6 @@ from gym_resilience.errors import (
     OutputValidationError,
     RolloutError,
     RolloutTimeoutError,
-    ScenarioError,
     UnpicklableEnvError,
     UnsupportedConfigError,
     describe_exception,
@@ -106,7 +105,12 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # RayEnv on first use only: importing gym_resilience must not import ray (or need it installed).
     if name == "RayEnv":
-        from gym_resilience.ray_env import RayEnv
+        from gym_resilience.backends.ray import RayEnv
 
         return RayEnv
+    # The harness's error, kept here for scenario code written against it; the library never raises it.
+    if name == "ScenarioError":
+        from harness.errors import ScenarioError
+
+        return ScenarioError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["finish", "finish_quietly", "wait_through_cancellation"]
+__all__ = ["finish", "finish_quietly", "settable", "wait_through_cancellation"]
 
 T = TypeVar("T")
 
@@ -86,3 +86,14 @@ async def finish_quietly(step: Awaitable[object], what: str) -> None:
         await finish(step)
     except Exception:
         logger.debug("%s failed", what, exc_info=True)
+
+
+def settable(error: BaseException, source: str) -> BaseException:
+    """``error`` as an asyncio future can raise it. A future refuses ``StopIteration`` (it would end the
+    generator awaiting it): that one comes wrapped in a ``RuntimeError`` that names ``source`` (what raised
+    it, such as "the env factory") and has it as its cause. Any other error is returned as it is."""
+    if not isinstance(error, StopIteration):
+        return error
+    wrapped = RuntimeError(f"{source} raised StopIteration: {error!r}")
+    wrapped.__cause__ = error
+    return wrapped

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gym_resilience import errors
-from gym_resilience._text import show as _show
-from gym_resilience.deadlines import check_seconds
+from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Sampling
 from gym_resilience.errors import UnsupportedConfigError
+from gym_resilience.errors import show as _show
 from gym_resilience.retry import RetryPolicy
 
 __all__ = [
@@ -89,13 +89,13 @@ class RunnerConfig:
             more than this fraction of the batch failed, instead of training on mostly placeholders.
         generation_timeout_s: deadline of one engine call; the request is aborted in the engine.
         rollout_timeout_s: deadline of one whole rollout attempt (``RolloutTimeoutError``).
-        env_backend: where each rollout's env runs (``env_backends.make_env`` decides from it):
+        env_backend: where each rollout's env runs (``backends.choice.make_env`` decides from it):
             ``"thread"``, in this process, its calls in the ``env_threads`` pool; ``"process"``, in a
             worker process of its own (``IsolatedEnv``), so a hung env can be killed, and ``env_factory``
             and the tasks must then be picklable; ``"ray"``, in a Ray actor of its own (``RayEnv``) on the
             cluster this process is connected to (``ray.init``; see docs/ray.md), which a deadline kills.
         env_actor_options: with ``env_backend="ray"``, the options of each env's actor (``num_cpus``,
-            ``resources``, ``scheduling_strategy``, ...); None: ``ray_env.DEFAULT_ACTOR_OPTIONS``.
+            ``resources``, ``scheduling_strategy``, ...); None: ``backends.ray.DEFAULT_ACTOR_OPTIONS``.
         isolate_envs: ``True`` is the older spelling of ``env_backend="process"`` (the backend becomes
             ``"process"``; with another backend than ``"thread"`` or ``"process"`` it is refused).
         env_step_timeout_s, env_reset_timeout_s: deadlines of one env call; they need ``isolate_envs``
@@ -326,7 +326,7 @@ class RunnerConfig:
                     f"needs env_backend='ray' (actor options place Ray actors), got {self.env_backend!r}",
                     option="env_actor_options",
                 )
-            from gym_resilience.ray_env import check_actor_options  # not at import: it is rarely needed
+            from gym_resilience.backends.ray import check_actor_options  # not at import: it is rarely needed
 
             check_actor_options(self.env_actor_options)
 

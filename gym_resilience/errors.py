@@ -23,8 +23,10 @@ The tree::
     ├── AllRolloutsFailedError          (also RuntimeError) every rollout of a batch failed
     ├── FailureBudgetExceededError      more rollouts failed than max_failed_fraction allows
     ├── UnsupportedConfigError          (also ValueError) a configuration that cannot work
-    ├── OutputValidationError           (also ValueError) a BatchOutput breaks the trainer's contract
-    └── ScenarioError                   (also ValueError) a chaos scenario file is invalid
+    └── OutputValidationError           (also ValueError) a BatchOutput breaks the trainer's contract
+
+The chaos harness's ``ScenarioError`` (a scenario file is invalid) derives from ``GymResilienceError`` in
+``harness.errors``.
 
 Context travels as keyword-only attributes and every error pickles with it, because errors cross
 process boundaries (isolated environments, served engines, the harness's journal).
@@ -36,21 +38,24 @@ Every message ends with the root cause, so a failure reads as what actually went
 The root cause is the innermost exception of the ``__cause__`` chain that is not one of these errors
 (:func:`root_cause`); it is rendered by :func:`describe_exception`, which never raises and bounds a
 foreign message to ``MAX_MESSAGE_CHARS`` characters. Every place that renders an exception uses it: a
-failure must never be lost because its exception cannot be printed.
+failure must never be lost because its exception cannot be printed. A value in a message is named by
+:func:`show`, as YAML or JSON data writes it.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 import signal
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
+from gym_resilience._moved import forward
+
 Phase = Literal["reset", "generate", "step", "close"]
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
-    "TRANSIENT_ERRORS",
     "AllRolloutsFailedError",
     "BrokenDependencyError",
     "DependencyNotInstalledError",
@@ -72,50 +77,13 @@ __all__ = [
     "Phase",
     "RolloutError",
     "RolloutTimeoutError",
-    "ScenarioError",
     "UnpicklableEnvError",
     "UnsupportedConfigError",
     "describe_exception",
     "exception_message",
-    "is_transient",
-    "is_transient_status",
     "root_cause",
-    "settable",
+    "show",
 ]
-
-TRANSIENT_ERRORS: Final[tuple[type[Exception], ...]] = (ConnectionError, TimeoutError)
-"""What is transient: a dropped or refused connection and a timed-out call (another attempt may succeed).
-
-``ConnectionError`` covers ``BrokenPipeError``, ``ConnectionResetError``, ``ConnectionRefusedError`` and
-``ConnectionAbortedError``; ``TimeoutError`` covers ``socket.timeout``, ``asyncio.TimeoutError`` and this
-library's ``EnvTimeoutError`` and ``RolloutTimeoutError``. ``RetryPolicy`` retries these by default.
-"""
-
-
-def is_transient(error: BaseException, kinds: tuple[type[BaseException], ...] = TRANSIENT_ERRORS) -> bool:
-    """Whether ``error`` or an error in its ``__cause__`` chain is one of ``kinds``.
-
-    The chain counts: an env's ``ConnectionError`` arrives wrapped in an ``EnvStepError``, and it is
-    still a connection error.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, kinds):
-            return True
-        seen.add(id(current))
-        current = current.__cause__
-    return False
-
-
-def is_transient_status(status: int) -> bool:
-    """Whether an HTTP error status blames the server's state rather than the request.
-
-    5xx, 408 (timeout) and 429 (overloaded) are transient: another endpoint, or a later attempt, may
-    serve the same request. Any other 4xx blames the request. Statuses below 400 are not errors.
-    """
-    return status >= 500 or status in (408, 429)
-
 
 MAX_MESSAGE_CHARS: Final = 500
 """How much of a foreign exception's message a rendering keeps; the rest is cut and counted."""
@@ -143,15 +111,26 @@ def describe_exception(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
-def settable(error: BaseException, source: str) -> BaseException:
-    """``error`` as an asyncio future can raise it. A future refuses ``StopIteration`` (it would end the
-    generator awaiting it): that one comes wrapped in a ``RuntimeError`` that names ``source`` (what raised
-    it, such as "the env factory") and has it as its cause. Any other error is returned as it is."""
-    if not isinstance(error, StopIteration):
-        return error
-    wrapped = RuntimeError(f"{source} raised StopIteration: {error!r}")
-    wrapped.__cause__ = error
-    return wrapped
+def show(value: Any) -> str:
+    """A value as YAML or JSON data writes it: ``'three'``, ``3``, ``true``, ``null``, ``a list``.
+
+    Anything data cannot hold is named by its type (``a tuple``, ``a function``); a long string is cut.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -560,18 +539,5 @@ class OutputValidationError(GymResilienceError, ValueError):
         super().__init__(f"batch output is invalid ({len(self.problems)} problems):\n{listed}")
 
 
-class ScenarioError(GymResilienceError, ValueError):
-    """Raised when a chaos scenario file is invalid; nothing of it was run.
-
-    ``file`` names the file, ``field`` the path to the bad field (``faults[2].kind``), ``reason`` what was
-    expected; ``line`` is the line of that field (or where YAML itself failed to parse), when known.
-    """
-
-    def __init__(self, *, file: str, field: str, reason: str, line: int | None = None) -> None:
-        self.file = file
-        self.field = field
-        self.reason = reason
-        self.line = line
-        where = f"{file}:{line}" if line is not None else file
-        at = f" at {field}" if field else ""
-        super().__init__(f"{where}{at}: {reason}")
+# Moved: the transience rules to retry, the future adapter to cleanup, ScenarioError to the harness.
+__getattr__ = forward(__name__, "gym_resilience.retry", "gym_resilience.cleanup", "harness.errors")

@@ -1,13 +1,15 @@
 """Failed-rollout markers and the placeholders that stand in for them.
 
-Pure functions: substitution happens after every rollout finished, because the reward shape
-(trajectory- or token-level) is only known from a successful rollout.
+:data:`PLACEHOLDER` says what every placeholder looks like; :func:`make_placeholder` builds one from it
+and the validator's ``check_placeholder_*`` checks hold a batch to it. Substitution is a pure function,
+run once every rollout finished; the reward shape is the config's (``token_level_rewards``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from gym_resilience.errors import Phase, exception_message, root_cause
 from gym_resilience.trajectories import (
@@ -19,7 +21,35 @@ from gym_resilience.trajectories import (
     TrajectoryId,
 )
 
-__all__ = ["FailedRollout", "make_placeholder", "reward_is_token_level", "substitute_placeholders"]
+__all__ = ["PLACEHOLDER", "FailedRollout", "PlaceholderShape", "make_placeholder", "substitute_placeholders"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceholderShape:
+    """What a placeholder is: one response token, masked out, with a zero reward and zero logprob, stopped
+    with ``"rollout_error"``, and, step-wise, a trajectory of one step. It contributes neither reward nor
+    loss."""
+
+    response_length: int = 1
+    loss_mask: tuple[int, ...] = (0,)
+    reward: float = 0.0
+    logprob: float = 0.0
+    stop_reason: str = ROLLOUT_ERROR_STOP_REASON
+    steps: int = 1
+
+    def rewards(self, *, token_level: bool) -> float | list[float]:
+        """The reward: a float, or one per response token."""
+        return [self.reward] * self.response_length if token_level else self.reward
+
+    def loss_masks(self) -> list[int]:
+        return list(self.loss_mask)
+
+    def logprobs(self) -> list[float]:
+        return [self.logprob] * self.response_length
+
+
+PLACEHOLDER: Final = PlaceholderShape()
+"""The one shape of every placeholder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,26 +81,6 @@ class FailedRollout:
         )
 
 
-def _first_trajectory(output: AnyTrajectory) -> Trajectory | None:
-    if isinstance(output, StepWiseTrajectory):
-        return output.steps[0] if output.steps else None
-    return output
-
-
-def reward_is_token_level(outputs: Sequence[AnyTrajectory | FailedRollout]) -> bool:
-    """The batch's reward shape, read off the first successful output with at least one step.
-
-    With none (every success has no steps), rewards are trajectory-level.
-    """
-    for output in outputs:
-        if isinstance(output, FailedRollout):
-            continue
-        first = _first_trajectory(output)
-        if first is not None:
-            return isinstance(first.reward, list)
-    return False
-
-
 def make_placeholder(
     failure: FailedRollout,
     *,
@@ -79,17 +89,17 @@ def make_placeholder(
     logprobs: bool,
     step_wise: bool,
 ) -> AnyTrajectory:
-    """A fresh one-token trajectory that contributes neither reward nor loss.
+    """A fresh trajectory of :data:`PLACEHOLDER`'s shape for ``failure``.
 
     Every list is new, so an in-place edit of one placeholder never reaches another.
     """
     trajectory = Trajectory(
         prompt_ids=[pad_token_id],
-        response_ids=[pad_token_id],
-        reward=[0.0] if token_level_rewards else 0.0,
-        loss_mask=[0],
-        stop_reason=ROLLOUT_ERROR_STOP_REASON,
-        rollout_logprobs=[0.0] if logprobs else None,
+        response_ids=[pad_token_id] * PLACEHOLDER.response_length,
+        reward=PLACEHOLDER.rewards(token_level=token_level_rewards),
+        loss_mask=PLACEHOLDER.loss_masks(),
+        stop_reason=PLACEHOLDER.stop_reason,
+        rollout_logprobs=PLACEHOLDER.logprobs() if logprobs else None,
         env_metrics={},
         e2e_time=failure.elapsed_s,
         time_splits=None,
@@ -111,16 +121,16 @@ def substitute_placeholders(
     outputs: Sequence[AnyTrajectory | FailedRollout],
     *,
     pad_token_id: int,
+    token_level_rewards: bool,
     logprobs: bool,
     step_wise: bool,
 ) -> list[AnyTrajectory]:
     """Replace each ``FailedRollout`` by a fresh placeholder; successful outputs pass through as they are."""
-    token_level = reward_is_token_level(outputs)
     return [
         make_placeholder(
             output,
             pad_token_id=pad_token_id,
-            token_level_rewards=token_level,
+            token_level_rewards=token_level_rewards,
             logprobs=logprobs,
             step_wise=step_wise,
         )

@@ -11,17 +11,51 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import tenacity
 
-from gym_resilience.deadlines import check_seconds
-from gym_resilience.errors import TRANSIENT_ERRORS, UnsupportedConfigError, is_transient
+from gym_resilience.backends.deadlines import check_seconds
+from gym_resilience.errors import UnsupportedConfigError
 
-__all__ = ["DEFAULT_RETRY_ON", "RetryPolicy"]
+__all__ = ["DEFAULT_RETRY_ON", "TRANSIENT_ERRORS", "RetryPolicy", "is_transient", "is_transient_status"]
+
+TRANSIENT_ERRORS: Final[tuple[type[Exception], ...]] = (ConnectionError, TimeoutError)
+"""What is transient: a dropped or refused connection and a timed-out call (another attempt may succeed).
+
+``ConnectionError`` covers ``BrokenPipeError``, ``ConnectionResetError``, ``ConnectionRefusedError`` and
+``ConnectionAbortedError``; ``TimeoutError`` covers ``socket.timeout``, ``asyncio.TimeoutError`` and this
+library's ``EnvTimeoutError`` and ``RolloutTimeoutError``. ``RetryPolicy`` retries these by default.
+"""
+
+
+def is_transient(error: BaseException, kinds: tuple[type[BaseException], ...] = TRANSIENT_ERRORS) -> bool:
+    """Whether ``error`` or an error in its ``__cause__`` chain is one of ``kinds``.
+
+    The chain counts: an env's ``ConnectionError`` arrives wrapped in an ``EnvStepError``, and it is
+    still a connection error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kinds):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False
+
+
+def is_transient_status(status: int) -> bool:
+    """Whether an HTTP error status blames the server's state rather than the request.
+
+    5xx, 408 (timeout) and 429 (overloaded) are transient: another endpoint, or a later attempt, may
+    serve the same request. Any other 4xx blames the request. Statuses below 400 are not errors.
+    """
+    return status >= 500 or status in (408, 429)
+
 
 DEFAULT_RETRY_ON: tuple[type[Exception], ...] = TRANSIENT_ERRORS
-"""Errors worth retrying by default: the transient ones (``gym_resilience.errors.TRANSIENT_ERRORS``)."""
+"""Errors worth retrying by default: the transient ones (:data:`TRANSIENT_ERRORS`)."""
 
 
 @dataclass(frozen=True, slots=True)

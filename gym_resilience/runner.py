@@ -17,9 +17,9 @@ from typing import Any
 
 import tenacity
 
+from gym_resilience.backends.choice import EnvFactory
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine
-from gym_resilience.env_backends import EnvFactory
 from gym_resilience.errors import (
     AllRolloutsFailedError,
     FailureBudgetExceededError,
@@ -133,7 +133,7 @@ class BatchRunner:
         self._encode_ahead = True
         if self.config.env_backend == "ray":
             # A configuration is data (a scenario file validates without ray); a runner is about to use it.
-            from gym_resilience.ray_env import check_ray_installed
+            from gym_resilience.backends.ray import check_ray_installed
 
             check_ray_installed()
 
@@ -207,6 +207,7 @@ class BatchRunner:
         trajectories = substitute_placeholders(
             outcomes,
             pad_token_id=codec.pad_token_id,
+            token_level_rewards=self.config.token_level_rewards,
             logprobs=self.config.logprobs,
             step_wise=self.config.step_wise,
         )

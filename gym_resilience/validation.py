@@ -25,6 +25,7 @@ from numbers import Real
 from typing import Any, Final
 
 from gym_resilience.errors import OutputValidationError
+from gym_resilience.placeholders import PLACEHOLDER
 from gym_resilience.trajectories import ROLLOUT_ERROR_STOP_REASON, BatchOutput, TrajectoryId
 
 __all__ = ["OutputValidationWarning", "validate_batch_output"]
@@ -433,39 +434,42 @@ def _placeholder_rows(output: BatchOutput) -> Iterator[int]:
 
 
 def check_placeholder_responses(output: BatchOutput) -> list[str]:
-    """A placeholder has exactly one response token."""
+    """A placeholder has exactly ``PLACEHOLDER.response_length`` (one) response token."""
     response_ids = _column(output, "response_ids")
     problems = []
     for index in _placeholder_rows(output):
         if (
             index < len(response_ids)
             and isinstance(response_ids[index], list)
-            and len(response_ids[index]) != 1
+            and len(response_ids[index]) != PLACEHOLDER.response_length
         ):
-            count = len(response_ids[index])
+            count, expected = len(response_ids[index]), PLACEHOLDER.response_length
             problems.append(
-                f"sample {index}: response_ids of a placeholder has {count} tokens, expected exactly 1"
+                f"sample {index}: response_ids of a placeholder has {count} tokens, "
+                f"expected exactly {expected}"
             )
     return problems
 
 
 def check_placeholder_loss_masks(output: BatchOutput) -> list[str]:
     """A placeholder's loss mask is ``[0]``: nothing of it is trained on."""
-    masks = _column(output, "loss_masks")
+    masks, expected = _column(output, "loss_masks"), PLACEHOLDER.loss_masks()
     return [
-        f"sample {index}: loss_masks of a placeholder is {show(masks[index])}, expected [0]"
+        f"sample {index}: loss_masks of a placeholder is {show(masks[index])}, expected {expected}"
         for index in _placeholder_rows(output)
-        if index < len(masks) and not _equals(masks[index], [0])
+        if index < len(masks) and not _equals(masks[index], expected)
     ]
 
 
 def check_placeholder_rewards(output: BatchOutput) -> list[str]:
     """A placeholder's reward is ``0.0`` (trajectory-level) or ``[0.0]`` (token-level)."""
     rewards = _column(output, "rewards")
+    shapes = (PLACEHOLDER.rewards(token_level=False), PLACEHOLDER.rewards(token_level=True))
+    expected = " or ".join(map(str, shapes))
     return [
-        f"sample {index}: rewards of a placeholder is {show(rewards[index])}, expected 0.0 or [0.0]"
+        f"sample {index}: rewards of a placeholder is {show(rewards[index])}, expected {expected}"
         for index in _placeholder_rows(output)
-        if index < len(rewards) and not (_equals(rewards[index], 0.0) or _equals(rewards[index], [0.0]))
+        if index < len(rewards) and not any(_equals(rewards[index], shape) for shape in shapes)
     ]
 
 
@@ -474,19 +478,19 @@ def check_placeholder_stop_reasons(output: BatchOutput) -> list[str]:
     reasons = _column(output, "stop_reasons")
     return [
         f"sample {index}: stop_reasons of a placeholder is {show(reasons[index])}, "
-        f"expected {ROLLOUT_ERROR_STOP_REASON!r}"
+        f"expected {PLACEHOLDER.stop_reason!r}"
         for index in _placeholder_rows(output)
-        if index < len(reasons) and not _equals(reasons[index], ROLLOUT_ERROR_STOP_REASON)
+        if index < len(reasons) and not _equals(reasons[index], PLACEHOLDER.stop_reason)
     ]
 
 
 def check_placeholder_logprobs(output: BatchOutput) -> list[str]:
     """A placeholder's logprobs are ``[0.0]`` when the batch has logprobs."""
-    logprobs = _column(output, "rollout_logprobs")
+    logprobs, expected = _column(output, "rollout_logprobs"), PLACEHOLDER.logprobs()
     return [
-        f"sample {index}: rollout_logprobs of a placeholder is {show(logprobs[index])}, expected [0.0]"
+        f"sample {index}: rollout_logprobs of a placeholder is {show(logprobs[index])}, expected {expected}"
         for index in _placeholder_rows(output)
-        if index < len(logprobs) and not _equals(logprobs[index], [0.0])
+        if index < len(logprobs) and not _equals(logprobs[index], expected)
     ]
 
 

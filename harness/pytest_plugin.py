@@ -76,7 +76,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _declares_cluster(path: Path) -> bool:
     """Whether the scenario file at ``path`` declares a ``cluster`` (a file that cannot be read declares
     none: its item reports why)."""
-    from gym_resilience import ScenarioError
+    from harness.errors import ScenarioError
     from harness.scenario.source import parse_yaml, read_scenario_text
 
     try:
@@ -136,7 +136,7 @@ class ScenarioItem(pytest.Item):
             raise ScenarioFailed("\n".join(lines))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        from gym_resilience import ScenarioError
+        from harness.errors import ScenarioError
 
         if isinstance(excinfo.value, ScenarioFailed | ScenarioError):
             return str(excinfo.value)

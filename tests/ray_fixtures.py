@@ -32,9 +32,16 @@ def ray_cluster() -> Iterator[LocalCluster]:
     from harness.run.cluster import LocalCluster
     from harness.run.netns import loopback_namespace
 
-    # Actors import the envs of the tests by reference (cloudpickle), from this folder.
+    # Actors import the envs of the tests by reference (cloudpickle): from this folder, or from the folder
+    # of the test module that defines them (pytest imports a module by its own folder's name).
+    folders = [
+        TESTS,
+        *sorted(path for path in TESTS.iterdir() if path.is_dir() and any(path.glob("test_*.py"))),
+    ]
     environment = {
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        "PYTHONPATH": os.pathsep.join([*map(str, folders), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
     }
     with loopback_namespace(), LocalCluster(CLUSTER_NODES, environment=environment) as cluster:
         yield cluster

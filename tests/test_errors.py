@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gym_resilience import errors
+from gym_resilience.retry import is_transient
 
 ERROR_CLASSES = {
     name: obj
@@ -64,9 +65,6 @@ EXAMPLES: dict[str, Callable[[], BaseException]] = {
     "UnsupportedConfigError": lambda: errors.UnsupportedConfigError("needs an agent loop", option="batched"),
     "OutputValidationError": lambda: errors.OutputValidationError(
         ["sample 0: empty response", "sample 3: bad mask"]
-    ),
-    "ScenarioError": lambda: errors.ScenarioError(
-        file="scenarios/flaky.yaml", field="faults[2].kind", reason="expected one of raise, delay", line=12
     ),
 }
 
@@ -164,7 +162,6 @@ def test_misuse_and_batch_errors_are_catchable_as_builtins() -> None:
     assert issubclass(errors.AllRolloutsFailedError, RuntimeError)
     assert issubclass(errors.UnsupportedConfigError, ValueError)
     assert issubclass(errors.OutputValidationError, ValueError)
-    assert issubclass(errors.ScenarioError, ValueError)
     env_errors = [cls for cls in ERROR_CLASSES.values() if issubclass(cls, errors.EnvError)]
     assert {cls.__name__ for cls in env_errors} == {
         "EnvError",
@@ -185,65 +182,6 @@ def test_every_error_class_has_a_raised_when_docstring() -> None:
         assert (cls.__doc__ or "").startswith("Raised "), name
 
 
-def _wrapped(cause: BaseException) -> BaseException:
-    """An ``EnvStepError`` caused by ``cause``, as a rollout's failure arrives."""
-    error = errors.EnvStepError(turn=1, action_repr="'ls'")
-    error.__cause__ = cause
-    return error
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        ConnectionResetError("peer reset"),
-        TimeoutError("too slow"),
-        EXAMPLES["EnvTimeoutError"](),
-        EXAMPLES["RolloutTimeoutError"](),
-        _wrapped(BrokenPipeError("pipe")),
-    ],
-)
-def test_connection_errors_and_timeouts_are_transient_wherever_they_are_in_the_cause_chain(
-    error: BaseException,
-) -> None:
-    assert errors.is_transient(error)
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        ValueError("bad action"),
-        _wrapped(KeyError("missing")),
-        errors.EngineError("the server answered garbage"),
-        errors.EngineRequestError("prompt too long"),
-    ],
-)
-def test_other_errors_engine_errors_alone_included_are_not_transient(error: BaseException) -> None:
-    assert not errors.is_transient(error)
-
-
-def test_an_engine_error_caused_by_a_refused_connection_is_transient() -> None:
-    error = errors.EngineDeadError("every endpoint is down")
-    error.__cause__ = ConnectionRefusedError("refused")
-    assert errors.is_transient(error)
-
-
-def test_is_transient_takes_the_kinds_to_look_for_and_survives_a_cause_cycle() -> None:
-    first, second = ValueError("a"), KeyError("b")
-    first.__cause__, second.__cause__ = second, first
-    assert errors.is_transient(first, (KeyError,))
-    assert not errors.is_transient(first)
-
-
-@pytest.mark.parametrize("status", [500, 503, 408, 429])
-def test_server_errors_timeouts_and_overload_statuses_are_transient(status: int) -> None:
-    assert errors.is_transient_status(status)
-
-
-@pytest.mark.parametrize("status", [200, 400, 404, 413, 422])
-def test_success_and_statuses_that_blame_the_request_are_not_transient(status: int) -> None:
-    assert not errors.is_transient_status(status)
-
-
 def test_a_cause_that_pickles_travels_with_the_error_so_retries_still_see_a_transient_failure() -> None:
     try:
         raise EXAMPLES["EnvStepError"]() from ConnectionError("sandbox connection dropped")
@@ -252,7 +190,7 @@ def test_a_cause_that_pickles_travels_with_the_error_so_retries_still_see_a_tran
     restored = pickle.loads(pickle.dumps(original))
     assert type(restored.__cause__) is ConnectionError
     assert str(restored.__cause__) == "sandbox connection dropped"
-    assert errors.is_transient(restored)
+    assert is_transient(restored)
     assert errors.root_cause(restored) is restored.__cause__
 
 
@@ -278,3 +216,22 @@ def test_an_error_in_a_cause_cycle_pickles_without_its_cause() -> None:
     restored = pickle.loads(pickle.dumps(first))
     assert restored.__cause__ is None
     assert str(restored) == str(first)
+
+
+def test_the_harness_scenario_error_is_a_library_error_and_a_value_error_that_pickles_with_its_context() -> (
+    None
+):
+    from harness.errors import ScenarioError
+
+    error = ScenarioError(
+        file="scenarios/flaky.yaml", field="faults[2].kind", reason="expected raise", line=12
+    )
+    restored = pickle.loads(pickle.dumps(error))
+    assert isinstance(restored, errors.GymResilienceError) and isinstance(restored, ValueError)
+    assert str(restored) == "scenarios/flaky.yaml:12 at faults[2].kind: expected raise"
+    assert (restored.file, restored.field, restored.reason, restored.line) == (
+        "scenarios/flaky.yaml",
+        "faults[2].kind",
+        "expected raise",
+        12,
+    )

@@ -36,6 +36,7 @@ from gym_resilience.engines.openai import (
     parse_completion,
 )
 from gym_resilience.engines.vllm import VLLMEngine
+from gym_resilience.engines.vllm_server import SERVER_MODULE, VLLMServer, free_ports, servers
 from gym_resilience.errors import (
     EngineClosedError,
     EngineDeadError,
@@ -43,7 +44,6 @@ from gym_resilience.errors import (
     EngineRequestError,
     UnsupportedConfigError,
 )
-from gym_resilience.testing_servers import SERVER_MODULE, VLLMServer, free_ports, servers
 from gym_resilience.trajectories import without_timings
 
 slow = pytest.mark.slow

@@ -130,7 +130,9 @@ async def test_the_env_is_closed_when_its_rollout_raises_in_reset() -> None:
 async def test_a_step_wise_batch_whose_first_success_has_no_steps_does_not_crash() -> None:
     failed = FailedRollout(ValueError("x"), 0, TrajectoryId("a"), "step", 0, 0.25)
     empty = StepWiseTrajectory(steps=[], e2e_time=0.1, trajectory_id=TrajectoryId("b"))
-    out = substitute_placeholders([failed, empty], pad_token_id=7, logprobs=False, step_wise=True)
+    out = substitute_placeholders(
+        [failed, empty], pad_token_id=7, token_level_rewards=False, logprobs=False, step_wise=True
+    )
     placeholder = out[0]
     assert isinstance(placeholder, StepWiseTrajectory) and placeholder.is_placeholder
     assert placeholder.steps[0].reward == 0.0 and placeholder.e2e_time == 0.25

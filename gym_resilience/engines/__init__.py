@@ -4,7 +4,7 @@
 this process; ``make_vllm_engine`` picks it on CPU) and ``OpenAIEngine`` (served vLLM endpoints with
 failover) load lazily: vllm and httpx are imported only when used. ``VLLMArgs`` is the one description
 of a vLLM engine's arguments. Servers to serve vLLM from are started by
-``gym_resilience.testing_servers``. ``await check_engine(engine)`` checks that an engine of your own
+``gym_resilience.engines.vllm_server``. ``await check_engine(engine)`` checks that an engine of your own
 keeps the contract the runner relies on.
 """
 

@@ -21,7 +21,7 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Protocol
 
-from gym_resilience.deadlines import check_seconds
+from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Engine, Generation, Sampling
 from gym_resilience.errors import EngineContractError, describe_exception
 from gym_resilience.rollout.codec import chat_ids

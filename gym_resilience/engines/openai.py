@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
-from gym_resilience.deadlines import check_seconds
+from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
 from gym_resilience.engines.common import (
     EngineState,
@@ -52,8 +52,8 @@ from gym_resilience.errors import (
     EngineRequestError,
     UnsupportedConfigError,
     describe_exception,
-    is_transient_status,
 )
+from gym_resilience.retry import is_transient_status
 
 if TYPE_CHECKING:
     import httpx

@@ -1,7 +1,7 @@
 """``VLLMArgs``: the one description of a vLLM engine's arguments, and the environment vLLM runs in.
 
 Both engines of this process (``VLLMEngine``, ``InProcessVLLMEngine``) and the served one
-(``gym_resilience.testing_servers.VLLMServer``) start vLLM from a ``VLLMArgs``: ``to_vllm`` renders it
+(``gym_resilience.engines.vllm_server.VLLMServer``) start vLLM from a ``VLLMArgs``: ``to_vllm`` renders it
 as ``EngineArgs`` keywords, ``to_cli`` as the server's command-line flags, from the same defaults.
 Nothing here imports vLLM.
 """

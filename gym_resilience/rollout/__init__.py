@@ -11,7 +11,7 @@
 - :mod:`~gym_resilience.rollout.loop`: the turn loop and the trajectory (``run_agent_loop``).
 """
 
-from gym_resilience.env_backends import EnvFactory
+from gym_resilience.backends.choice import EnvFactory
 from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.context import RolloutContext
 from gym_resilience.rollout.env_calls import LateCloses

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gym_resilience.cleanup import settable
 from gym_resilience.engines.base import Tokenizer
-from gym_resilience.errors import settable
 from gym_resilience.tasks import ChatMessage
 
 __all__ = ["ChatCodec", "EncodeQueue", "as_messages", "chat_ids"]

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from gym_resilience.backends.choice import BackendEnv, EnvFactory, make_env
+from gym_resilience.backends.protocol import StartAbort
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Sampling
-from gym_resilience.env import ResilientEnv
-from gym_resilience.env_backends import EnvFactory, make_env
-from gym_resilience.isolation import StartAbort
 from gym_resilience.rollout.codec import ChatCodec
 from gym_resilience.rollout.env_calls import LateCloses
 from gym_resilience.rollout.open_envs import OpenEnvs
@@ -55,6 +53,6 @@ class RolloutContext:
     def sampling(self) -> Sampling:
         return self.config.sampling(self.index)
 
-    def make_env(self, abort: StartAbort) -> ResilientEnv[Any, Any]:
+    def make_env(self, abort: StartAbort) -> BackendEnv:
         """The rollout's env, where the config says it runs (``abort`` kills a worker still starting)."""
         return make_env(self.env_factory, self.task, self.config, abort)

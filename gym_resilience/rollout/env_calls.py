@@ -14,14 +14,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gym_resilience.backends.choice import BackendEnv
+from gym_resilience.backends.protocol import StartAbort
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.cleanup import wait_through_cancellation
-from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import describe_exception, root_cause
-from gym_resilience.isolation import StartAbort
 from gym_resilience.rollout.open_envs import OpenEnvs
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
-from gym_resilience.worker_env import WorkerEnv
 
 __all__ = [
     "KILL_GRACE_S",
@@ -29,7 +29,6 @@ __all__ = [
     "LateCloses",
     "Outcome",
     "close_after_failure",
-    "env_node",
     "open_env",
 ]
 
@@ -59,10 +58,10 @@ class LateCloses:
         """Wait for a teardown step through cancellation, up to ``timeout_s``; whether it finished."""
         return await wait_through_cancellation(step, self.timeout_s, left=self.left)
 
-    async def wait_close(self, env: ResilientEnv[Any, Any], closing: asyncio.Future[None]) -> bool:
-        """:meth:`wait` for ``env``'s close. An isolated env's gets ``KILL_GRACE_S`` more: its close
-        itself kills the worker at ``timeout_s``, then reaps it, so it ends on time of its own."""
-        grace_s = KILL_GRACE_S if _isolated(env) else 0.0
+    async def wait_close(self, env: BackendEnv, closing: asyncio.Future[None]) -> bool:
+        """:meth:`wait` for ``env``'s close. A remote env's gets ``KILL_GRACE_S`` more: its close itself
+        kills the worker at ``timeout_s``, then reaps it, so it ends on time of its own."""
+        grace_s = KILL_GRACE_S if env.remote else 0.0
         return await wait_through_cancellation(closing, self.timeout_s + grace_s, left=self.left)
 
     def note(self, error: BaseException) -> None:
@@ -113,10 +112,11 @@ class EnvCalls:
         self._last, signal = self._pool.submit_signalled(self._locked(fn, *args))
         return self._last, signal
 
-    def opened(self, env: ResilientEnv[Any, Any]) -> None:
+    def opened(self, env: BackendEnv) -> None:
         """Count ``env`` among the batch's open envs (in the thread that built it), with the close that
         the batch runs should the rollout be unable to (see :class:`OpenEnvs`)."""
-        self._open_envs.add(env, self._closer(env) if _isolated(env) else self._locked(self._closer(env)))
+        close = self._closer(env.env)
+        self._open_envs.add(env.env, close if env.remote else self._locked(close))
 
     def _closer(self, env: ResilientEnv[Any, Any]) -> Callable[[], None]:
         """``env.close``, after which the env no longer counts as open."""
@@ -130,14 +130,14 @@ class EnvCalls:
 
         return close
 
-    def close(self, env: ResilientEnv[Any, Any]) -> asyncio.Future[None]:
+    def close(self, env: BackendEnv) -> asyncio.Future[None]:
         """Start closing ``env`` (once: a close already queued is returned). It runs after the call in
         flight, on that call's thread (it takes no second one to wait there); an isolated env's close
         runs beside that call instead, on a thread of its own, since it must kill a stuck worker even
         when every pool thread is stuck."""
         if self._closing is None:
-            close = self._closer(env)
-            if _isolated(env):
+            close = self._closer(env.env)
+            if env.remote:
                 self._closing = self._pool.submit_apart(close)
             elif self._last is None:
                 self._closing = self.submit(close)
@@ -149,14 +149,14 @@ class EnvCalls:
         """``fn(*args)`` in the pool, timed as the rollout's env time (await it)."""
         return self.timed(self.submit(fn, *args))
 
-    def last_step(self, env: ResilientEnv[Any, Any], action: Any) -> asyncio.Future[Any]:
+    def last_step(self, env: BackendEnv, action: Any) -> asyncio.Future[Any]:
         """Start ``env.step(action)`` with the env's close queued behind it in the same hop (the rollout
         ends whatever the step does); ``close`` then returns that close. An isolated env steps alone: its
         close must be able to run beside a stuck step."""
-        if _isolated(env):
-            return self.submit(env.step, action)
+        if env.remote:
+            return self.submit(env.env.step, action)
         step, self._closing = self._pool.submit_all(
-            self._locked(env.step, action), self._locked(self._closer(env))
+            self._locked(env.env.step, action), self._locked(self._closer(env.env))
         )
         self._last = step
         return step
@@ -168,18 +168,6 @@ class EnvCalls:
             return await call
         finally:
             self._progress.env_s += time.perf_counter() - start
-
-
-def env_node(env: ResilientEnv[Any, Any]) -> str | None:
-    """The Ray node an env's actor runs on (None for an env on this machine, or a node not known yet)."""
-    worker = env.unwrapped
-    node = getattr(worker, "node_id", None) if isinstance(worker, WorkerEnv) else None
-    return node if isinstance(node, str) else None
-
-
-def _isolated(env: ResilientEnv[Any, Any]) -> bool:
-    """Whether the env lives in a worker process or a Ray actor, which a close kills even mid-call."""
-    return isinstance(env.unwrapped, WorkerEnv)
 
 
 class _Abandoned(Exception):
@@ -220,9 +208,7 @@ class _EnvBuild:
     once it finds the rollout gone. A worker still starting an isolated env is killed at once.
     """
 
-    def __init__(
-        self, call: EnvCalls, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset
-    ) -> None:
+    def __init__(self, call: EnvCalls, make: Callable[[StartAbort], BackendEnv], reset: Reset) -> None:
         self._call = call
         self._make = make
         self._reset = reset
@@ -231,7 +217,7 @@ class _EnvBuild:
         self._abandoned = False
         self._handed = False
 
-    def run(self) -> tuple[ResilientEnv[Any, Any], Outcome | None]:
+    def run(self) -> tuple[BackendEnv, Outcome | None]:
         """Build the env and reset it (in the pool thread), and hand both over, or close the env if the
         rollout left. An isolated env is handed over unreset (None): its reset is a call of its own, so
         that a rollout giving up can kill a stuck reset by closing the env beside it."""
@@ -240,13 +226,13 @@ class _EnvBuild:
         env = self._make(self._abort)
         self._call.opened(env)
         reset = None
-        if not self._abandoned and not _isolated(env):
-            reset = _timed(lambda: self._reset(env))
+        if not self._abandoned and not env.remote:
+            reset = _timed(lambda: self._reset(env.env))
         with self._lock:
             if not self._abandoned:
                 self._handed = True
                 return env, reset
-        self._call._closer(env)()
+        self._call._closer(env.env)()
         raise _Abandoned
 
     def abandon(self) -> bool:
@@ -260,8 +246,8 @@ class _EnvBuild:
 
 
 async def open_env(
-    call: EnvCalls, make: Callable[[StartAbort], ResilientEnv[Any, Any]], reset: Reset, late: LateCloses
-) -> tuple[ResilientEnv[Any, Any], Outcome | None]:
+    call: EnvCalls, make: Callable[[StartAbort], BackendEnv], reset: Reset, late: LateCloses
+) -> tuple[BackendEnv, Outcome | None]:
     """Build the env and reset it in one call in its thread (one round trip before the first turn), and
     return it with how its reset ended (None: not reset yet, see ``_EnvBuild.run``). A rollout cancelled
     meanwhile leaves the env to be closed on arrival."""
@@ -294,7 +280,7 @@ async def open_env(
 
 
 async def close_after_failure(
-    env: ResilientEnv[Any, Any], call: EnvCalls, error: BaseException, late: LateCloses
+    env: BackendEnv, call: EnvCalls, error: BaseException, late: LateCloses
 ) -> None:
     """Close the env of a failed rollout without masking ``error`` and without waiting forever.
 
@@ -306,7 +292,7 @@ async def close_after_failure(
         error.add_note(
             f"the isolated env's close did not end {late.timeout_s + KILL_GRACE_S:g} s after it began "
             "(its worker is killed at close_timeout_s)"
-            if _isolated(env)
+            if env.remote
             else f"the env's close is still waiting after {late.timeout_s:g} s for a call stuck in its "
             "thread; it runs when that call returns (isolate_envs=True kills stuck envs instead)"
         )

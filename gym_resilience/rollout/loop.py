@@ -13,8 +13,9 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gym_resilience.backends.choice import BackendEnv
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.engines.base import Generation
-from gym_resilience.env import ResilientEnv
 from gym_resilience.errors import (
     EnvTimeoutError,
     RolloutError,
@@ -26,7 +27,7 @@ from gym_resilience.metrics import log_close_failure
 from gym_resilience.rollout.checks import check_generation, checked_step, numeric_info
 from gym_resilience.rollout.codec import ChatCodec, as_messages
 from gym_resilience.rollout.context import RolloutContext
-from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, env_node, open_env
+from gym_resilience.rollout.env_calls import EnvCalls, close_after_failure, open_env
 from gym_resilience.rollout.progress import enter_rollout
 from gym_resilience.tasks import ChatMessage
 from gym_resilience.trajectories import AnyTrajectory, StepWiseTrajectory, Trajectory
@@ -103,7 +104,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     call = EnvCalls(rollout.pool, progress, rollout.open_envs)
     progress.phase = "reset"
     options = {"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt}
-    env: ResilientEnv[Any, Any] | None = None
+    env: BackendEnv | None = None
 
     def reset(env: ResilientEnv[Any, Any]) -> tuple[Any, dict[str, Any]]:
         return env.reset(seed=rollout.seed, options=options)
@@ -111,9 +112,9 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     async def episode() -> AnyTrajectory:
         nonlocal env
         env, opened = await open_env(call, rollout.make_env, reset, late)
-        progress.node_id = env_node(env)
+        progress.node_id = env.node_id
         if opened is None:
-            messages, _ = await call(reset, env)
+            messages, _ = await call(reset, env.env)
         else:
             progress.env_s += opened.seconds
             messages, _ = opened.result()
@@ -179,7 +180,7 @@ async def _within_rollout_deadline(rollout: RolloutContext, episode: Coroutine[A
 
 async def _turns(
     rollout: RolloutContext,
-    env: ResilientEnv[Any, Any],
+    env: BackendEnv,
     call: EnvCalls,
     prompt_ids: list[int],
     opening: list[ChatMessage],
@@ -222,7 +223,7 @@ async def _turns(
         action = generation.text if generation.text is not None else codec.decode(generation.token_ids)
         last_turn = turn == config.max_turns - 1  # the env is closed next, whatever its step does
         observation, reward, terminated, truncated, info = checked_step(
-            await (call.timed(call.last_step(env, action)) if last_turn else call(env.step, action))
+            await (call.timed(call.last_step(env, action)) if last_turn else call(env.env.step, action))
         )
         record.info = info
         record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))

@@ -1,12 +1,12 @@
 """``EnvPool``: the threads that run a batch's env calls and hand each outcome back to the event loop.
 
-A call costs a queue put and an asyncio future, a third of ``loop.run_in_executor``'s cost on a
-``ThreadPoolExecutor`` (docs/performance.md), and outcomes that arrive while the loop is busy are handed
-over together, in one wake-up. A pool takes a thread as a call finds none idle, up to ``threads``, and
-lets each go at :meth:`EnvPool.shutdown` once every call queued before it has run, so a close queued
-behind a stuck call still runs when that call returns. A thread let go waits ``IDLE_S`` for the next
-batch's pool rather than ending. The threads are daemons: a call stuck in an env does not hold the
-interpreter's exit (``ResilientEnv``'s exit hook closes an env left open then).
+A call costs a queue put and an asyncio future, less than ``loop.run_in_executor`` (docs/performance.md),
+and outcomes that arrive while the loop is busy are handed over together, in one wake-up. A pool takes a
+thread as a call finds none idle, up to ``threads``, and lets each go at :meth:`EnvPool.shutdown` once
+every call queued before it has run, so a close queued behind a stuck call still runs when that call
+returns. A thread let go waits ``IDLE_S`` for the next batch's pool rather than ending. The threads are
+daemons: a stuck call does not hold the interpreter's exit (``ResilientEnv``'s exit hook closes an env
+left open then).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from gym_resilience.errors import settable
+from gym_resilience.cleanup import settable
 
 __all__ = ["IDLE_S", "EnvPool", "idle_threads"]
 

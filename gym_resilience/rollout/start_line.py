@@ -8,9 +8,8 @@ the line leaves it once its env is closed; rollouts started later and retries go
 
 The line encodes the prompts it gathered in one tokenizer call as it opens, and can encode the tasks'
 prompts ahead while the envs open (:meth:`StartLine.encode_ahead`): a rollout whose env opened with
-exactly its task's prompt (the same ``repr``) takes those ids. It counts the openings that matched, so
-the runner encodes ahead only while that pays (:meth:`StartLine.worth_encoding_ahead`). What each step
-saves is measured in docs/performance.md.
+exactly its task's prompt (the same ``repr``) takes those ids; the runner encodes ahead only while that
+pays (:meth:`StartLine.worth_encoding_ahead`).
 """
 
 from __future__ import annotations

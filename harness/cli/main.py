@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from gym_resilience import ScenarioError
 from harness.cli.exits import CHAOS_EXTRA, EXIT_INVALID, InvalidInput, install_hint, missing_extra
 from harness.cli.record import MAX_JOURNAL_BYTES, MAX_JOURNAL_NESTING, record_command, record_scenario
 from harness.cli.run import run_command
 from harness.cli.select import validate_paths
+from harness.errors import ScenarioError
 
 __all__ = [
     "CHAOS_EXTRA",

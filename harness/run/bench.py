@@ -66,7 +66,7 @@ class Bench:
     async def served(self, servers: int, model_dir: Path, max_model_len: int) -> _Served:
         key = (servers, model_dir, max_model_len)
         if key not in self._served:
-            from gym_resilience.testing_servers import servers as start_servers
+            from gym_resilience.engines.vllm_server import servers as start_servers
 
             pool = await self._stack.enter_async_context(
                 start_servers(servers, model_dir, device=self.device, max_model_len=max_model_len)

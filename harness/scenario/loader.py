@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gym_resilience.errors import ScenarioError
+from harness.errors import ScenarioError
 from harness.scenario.compile import CompiledScenario, compile_parts
 from harness.scenario.messages import field_path, show
 from harness.scenario.names import resolve_exception

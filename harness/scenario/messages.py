@@ -16,7 +16,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from gym_resilience._text import show
+from gym_resilience.errors import show
 
 __all__ = [
     "Loc",

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gym_resilience.errors import ScenarioError
+from harness.errors import ScenarioError
 from harness.scenario.messages import Loc, field_path, show
 
 __all__ = [

@@ -28,9 +28,10 @@ from gym_resilience import (
     Task,
     UnsupportedConfigError,
 )
+from gym_resilience.backends.process import IsolatedEnv
+from gym_resilience.backends.protocol import StartAbort
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.errors import EnvClosedError
-from gym_resilience.isolation import IsolatedEnv, StartAbort
 
 pytestmark = pytest.mark.slow
 

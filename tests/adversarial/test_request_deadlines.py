@@ -17,8 +17,8 @@ from slowloris import SlowLorisServer, Trickle
 
 from gym_resilience.engines.base import Sampling
 from gym_resilience.engines.openai import OpenAIEngine
+from gym_resilience.engines.vllm_server import VLLMServer
 from gym_resilience.errors import EngineDeadError, EngineError
-from gym_resilience.testing_servers import VLLMServer
 
 BOUND_S = 5.0
 """Far above the 1 s deadlines below, far below what an unbounded trickle takes."""

@@ -10,7 +10,7 @@ import pytest
 
 from gym_resilience.engines import check_engine
 from gym_resilience.engines.openai import OpenAIEngine
-from gym_resilience.testing_servers import servers
+from gym_resilience.engines.vllm_server import servers
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from gym_resilience.engines.vllm_args import (
 )
 from gym_resilience.engines.vllm_common import map_vllm_errors, sampling_params, tokens_prompt
 from gym_resilience.engines.vllm_inprocess import InProcessVLLMEngine
+from gym_resilience.engines.vllm_server import server_environment
 from gym_resilience.errors import (
     DependencyNotInstalledError,
     EngineClosedError,
@@ -43,7 +44,6 @@ from gym_resilience.errors import (
     GymResilienceError,
     UnsupportedConfigError,
 )
-from gym_resilience.testing_servers import server_environment
 
 slow = pytest.mark.slow
 

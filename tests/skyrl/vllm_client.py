@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from skyrl.backends.skyrl_train.inference_servers.base import InferenceEngineInterface
 
-from gym_resilience.testing_servers import VLLMServer
+from gym_resilience.engines.vllm_server import VLLMServer
 
 PYTHON_VARIABLE = "GYM_RESILIENCE_VLLM_PYTHON"
 

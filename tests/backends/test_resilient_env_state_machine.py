@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from gym_resilience.env import ResilientEnv
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.errors import EnvClosedError, EnvCloseError, EnvResetError, EnvStepError
 from gym_resilience.testing import ScriptableEnv, default_reset, echo_step
 

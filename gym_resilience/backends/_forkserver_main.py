@@ -1,10 +1,9 @@
 """Imported by the fork server only (it preloads this module last): imports the program's main module once.
 
-Python 3.11's fork server means to preload ``__main__`` but never receives its path (it keeps a key of the
-preparation data that is not there), so every worker imported the program's main script again, and a
-training script that imports torch or ray paid for that at every isolated env's start (0.4-1 s each,
-measured with ray). Imported here once, before any worker forks, each worker finds it in place and skips
-it. ``gym_resilience.isolation`` names the main module in an environment variable while it starts the
+Python 3.11's fork server means to preload ``__main__`` but never receives its path, so every worker would
+import the program's main script again (a script that imports torch or ray pays seconds for that; see
+docs/performance.md). Imported here once, before any worker forks, each worker finds it in place.
+``gym_resilience.backends.process`` names the main module in an environment variable while it starts the
 fork server; if importing it fails here, each worker imports it as before.
 """
 

@@ -16,7 +16,7 @@ import pytest
 from gymnasium.envs.registration import EnvSpec, find_highest_version
 from gymnasium.utils.env_checker import check_env
 
-from gym_resilience.env import ResilientEnv
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.testing import ScriptableEnv
 

@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium
 import pytest
 
-from gym_resilience.env import ResilientEnv
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.errors import (
     EnvClosedError,
     EnvCloseError,
@@ -256,7 +256,7 @@ def test_the_finalizer_does_not_keep_the_wrapper_alive() -> None:
 def test_interpreter_exit_without_close_closes_the_inner_env_exactly_once() -> None:
     script = textwrap.dedent(
         """
-        from gym_resilience.env import ResilientEnv
+        from gym_resilience.backends.resilient import ResilientEnv
         from gym_resilience.testing import ScriptableEnv
 
         env = ResilientEnv(ScriptableEnv(close=lambda inner: print("inner close ran", flush=True)))

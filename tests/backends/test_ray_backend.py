@@ -44,10 +44,11 @@ from gym_resilience import (
     validate_batch_output,
     without_timings,
 )
+from gym_resilience.backends.protocol import StartAbort
+from gym_resilience.backends.ray import RayEnv
 from gym_resilience.engines.scripted import ScriptedEngine
-from gym_resilience.errors import is_transient, root_cause
-from gym_resilience.isolation import StartAbort
-from gym_resilience.ray_env import RayEnv
+from gym_resilience.errors import root_cause
+from gym_resilience.retry import is_transient
 from gym_resilience.task_gen import generate_tasks, word_game_factory
 from gym_resilience.testing import ScriptableEnv, echo_step
 from harness.run.cluster import LocalCluster
@@ -56,7 +57,7 @@ from harness.run.netns import in_loopback_namespace
 pytestmark = pytest.mark.slow
 
 HOST = "_EnvHost"  # the class of an env's actor
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 GIVE_UP_S = 60.0  # a bound that proves something ends, never a speed check
 
 
@@ -439,7 +440,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_ray_env_in_a_process_not_connected_to_ray_says_to_call_ray_init() -> None:
-    result = run_python("from gym_resilience.ray_env import RayEnv; RayEnv(dict)")
+    result = run_python("from gym_resilience.backends.ray import RayEnv; RayEnv(dict)")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "gym_resilience.errors.UnsupportedConfigError: env_backend: Ray envs run on the Ray cluster this "
@@ -629,7 +630,7 @@ def test_a_forked_child_holds_every_env_actors_handle_from_the_moment_it_starts(
     """No Ray needed: the fork hook holds the handles of every ``_Actor`` not yet collected."""
     from types import SimpleNamespace
 
-    from gym_resilience import ray_env
+    from gym_resilience.backends import ray as ray_env
 
     handle, where = SimpleNamespace(_actor_id=SimpleNamespace(hex=lambda: "a1")), object()
     actor = ray_env._Actor(None, handle, where, close_timeout=1.0)
@@ -660,7 +661,7 @@ def fails() -> None:
 def test_an_actors_node_comes_from_the_gcs_when_the_actor_never_said_alive_or_dead(
     ray_cluster: LocalCluster,
 ) -> None:
-    from gym_resilience.ray_env import _Actor, _host_class
+    from gym_resilience.backends.ray import _Actor, _host_class
 
     node = ray_cluster.worker_node_ids()[0]
     handle = (
@@ -683,7 +684,7 @@ def test_an_actors_node_comes_from_the_gcs_when_the_actor_never_said_alive_or_de
 def test_an_actor_that_was_never_placed_has_no_node_and_the_lookup_is_bounded(
     ray_cluster: LocalCluster,
 ) -> None:
-    from gym_resilience.ray_env import _Actor, _host_class
+    from gym_resilience.backends.ray import _Actor, _host_class
 
     handle = _host_class().options(num_cpus=0, resources={"no_such_resource": 1}).remote()
     actor = _Actor(ray, handle, handle.node_id.remote(), close_timeout=1.0)
@@ -698,7 +699,7 @@ def test_an_actor_that_was_never_placed_has_no_node_and_the_lookup_is_bounded(
 def test_a_gcs_that_does_not_answer_leaves_the_node_unknown_within_the_bound() -> None:
     from types import SimpleNamespace
 
-    from gym_resilience.ray_env import _node_from_gcs
+    from gym_resilience.backends.ray import _node_from_gcs
 
     node = "ab" * 28
 

@@ -26,9 +26,10 @@ import psutil
 import pytest
 from doubles import Fault, SandboxError, env_fn, resilient_env_of, tasks, tool_exited_2
 
+from gym_resilience.backends.choice import make_env
+from gym_resilience.backends.process import IsolatedEnv
+from gym_resilience.backends.resilient import ResilientEnv
 from gym_resilience.config import RunnerConfig
-from gym_resilience.env import ResilientEnv
-from gym_resilience.env_backends import make_env
 from gym_resilience.errors import (
     EnvClosedError,
     EnvCloseError,
@@ -39,11 +40,10 @@ from gym_resilience.errors import (
     UnsupportedConfigError,
     root_cause,
 )
-from gym_resilience.isolation import IsolatedEnv
 from gym_resilience.retry import RetryPolicy
 from gym_resilience.testing import ScriptableEnv
 
-TESTS = str(Path(__file__).resolve().parent)
+TESTS = str(Path(__file__).resolve().parent.parent)
 CARTPOLE = functools.partial(gymnasium.make, "CartPole-v1")
 TASK = tasks(1)[0]
 HANGING_STEP = env_fn(Fault(kind="hang"))
@@ -345,7 +345,7 @@ def test_a_transient_failure_of_a_wrapped_env_in_a_worker_is_still_transient_in_
     crosses the pipe with its ConnectionError as cause: retries still see a transient failure."""
     failing = env_fn(Fault(error=ConnectionError, message="sandbox connection dropped"))
     config = RunnerConfig(env_backend="process")
-    env = make_env(functools.partial(resilient_env_of, failing), tasks(1)[0], config)
+    env = make_env(functools.partial(resilient_env_of, failing), tasks(1)[0], config).env
     env.reset()
     with pytest.raises(EnvStepError) as caught:
         env.step("ls")
@@ -595,7 +595,7 @@ def test_interpreter_exit_with_unclosed_isolated_envs_closes_them_and_leaves_no_
     child = run_script(
         """
         from doubles import Fault, env_fn
-        from gym_resilience.env import ResilientEnv
+        from gym_resilience.backends.resilient import ResilientEnv
 
         envs = [
             ResilientEnv.isolated(env_fn(Fault(kind="print", phase="close", message="inner close ran"))),
@@ -619,7 +619,7 @@ def test_a_hung_worker_does_not_outlive_its_parent_killed_with_sigkill() -> None
     child = run_script(
         """
         from doubles import Fault, env_fn
-        from gym_resilience.env import ResilientEnv
+        from gym_resilience.backends.resilient import ResilientEnv
 
         env = ResilientEnv.isolated(env_fn(Fault(kind="hang")), close_timeout=0.5)
         env.reset()
@@ -650,7 +650,7 @@ def test_what_a_worker_started_does_not_outlive_its_parent_killed_while_it_is_bu
         f"""
         import time
         from doubles import Fault, env_fn
-        from gym_resilience.env import ResilientEnv
+        from gym_resilience.backends.resilient import ResilientEnv
 
         env = ResilientEnv.isolated(
             env_fn(Fault(kind="spawn", turn=0), Fault(kind="hang", turn=1)), close_timeout=0.5
@@ -695,7 +695,7 @@ def test_workers_of_a_program_find_what_its_main_script_imports_already_imported
         textwrap.dedent(
             """
             import heavy_dependency
-            from gym_resilience.isolation import IsolatedEnv
+            from gym_resilience.backends.process import IsolatedEnv
             from gym_resilience.testing import ScriptableEnv
 
             if __name__ == "__main__":

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from gym_resilience import RetryPolicy, RunnerConfig, UnsupportedConfigError
-from gym_resilience.deadlines import MAX_SECONDS, check_seconds
-from gym_resilience.isolation import IsolatedEnv
+from gym_resilience.backends.deadlines import MAX_SECONDS, check_seconds
+from gym_resilience.backends.process import IsolatedEnv
 
 
 @pytest.mark.parametrize("value", [0.001, 1, 30.5, None])
@@ -84,7 +84,7 @@ def test_a_deadline_past_what_the_operating_system_can_wait_is_refused_naming_th
 def test_the_longest_deadline_allowed_is_one_an_isolated_env_can_wait() -> None:
     from functools import partial
 
-    from gym_resilience.env import ResilientEnv
+    from gym_resilience.backends.resilient import ResilientEnv
     from gym_resilience.testing import ScriptableEnv
 
     with ResilientEnv.isolated(

@@ -1,0 +1,85 @@
+"""The worker process of an isolated env: builds the env, then serves the parent's requests.
+
+Each worker leads its own process group, so that killing the group ends what the env started (a shell, a
+tool server). A second pipe, the lifeline, is never written to: at its end of file (the parent died
+without closing the env, even by SIGKILL) the worker exits after a grace period, hung or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import gymnasium
+
+from gym_resilience.backends.protocol import EnvFn, answer_request, build_env
+
+__all__ = ["serve"]
+
+_ORPHANED_EXIT_CODE = 70
+"""The exit code of a worker that outlived its parent (``EX_SOFTWARE``)."""
+
+
+def _exit_when_orphaned(lifeline: Connection[Any, Any], grace_s: float) -> None:
+    """Ends the worker once its parent is gone, even while the env hangs (a daemon thread)."""
+    # The parent never writes to the lifeline: this returns only at end of file, when the parent closed it
+    # or died.
+    with contextlib.suppress(EOFError, OSError):
+        lifeline.recv_bytes()
+    # An idle worker reads the command pipe's end of file too and closes its env meanwhile.
+    time.sleep(grace_s)
+    _end_orphaned_group()
+
+
+def _end_orphaned_group() -> None:
+    """End this worker and what its env started: nobody else will, with the parent gone (its ``_end``
+    kills the group otherwise)."""
+    if hasattr(os, "killpg"):
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)  # the worker leads its group (setsid): it goes too
+    os._exit(_ORPHANED_EXIT_CODE)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit at once, output flushed: an interpreter's normal exit waits for the env's non-daemon threads
+    (a server thread, an executor's), which would hold every close until the parent's kill."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: EnvFn, grace_s: float) -> None:
+    """The worker's main function: builds the env, then serves requests until ``close`` or orphaned."""
+    if hasattr(os, "setsid"):
+        # A group of its own, which the parent kills whole: the env's subprocesses go with the worker.
+        os.setsid()
+    # Ctrl-C is the parent's to handle: it decides what happens to its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(
+        target=_exit_when_orphaned, args=(lifeline, grace_s), name="lifeline", daemon=True
+    ).start()
+    env, ready = build_env(env_fn)
+    try:
+        conn.send_bytes(ready)
+        while env is not None and _serve_one(conn, env):
+            pass
+    except (EOFError, OSError):  # the parent went away without a close request
+        if env is not None:
+            with contextlib.suppress(Exception):
+                env.close()
+        _end_orphaned_group()
+    _exit_now(0)  # closed, or its build failed and was reported
+
+
+def _serve_one(conn: Connection[Any, Any], env: gymnasium.Env[Any, Any]) -> bool:
+    """Serves one request; returns whether to go on (False after ``close``)."""
+    reply, command = answer_request(env, conn.recv_bytes())
+    conn.send_bytes(reply)
+    return command != "close"
