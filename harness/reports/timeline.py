@@ -30,12 +30,10 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from harness.judge.results import (
-    Attempt,
     EndpointSpan,
-    FaultFiring,
     RolloutSpan,
     RunJournal,
     ScenarioResult,
@@ -43,6 +41,18 @@ from harness.judge.results import (
     TurnSpan,
 )
 from harness.reports.text import deviation_line
+from harness.reports.timeline_rows import (
+    NodeName,
+    Row,
+    RowKey,
+    count,
+    endpoint_indices,
+    faulted_end,
+    firing_row_keys,
+    last_moment,
+    node_names,
+    row_layout,
+)
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -72,8 +82,6 @@ _STATUS_COLORS: dict[Status, str] = {
     "invalid": "#B8860B",
     "error": "#9467BD",
 }
-_NODE_COLORS = ("#1B9E77", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D")
-_SHARED_ROW = "engine/network"
 _DPI = 100
 _WIDTH_IN = 12.0
 _TITLE_SIZE = 13.0
@@ -81,9 +89,6 @@ _FACTS_SIZE = 9.0
 _LEGEND_COLUMNS = 4
 # The facts start at the axes' left edge, after the row labels (at most a tenth of the width).
 _TITLE_WIDTH, _FACTS_WIDTH = 0.94, 0.84
-
-RowKind = Literal["endpoint", "shared", "rollout"]
-RowKey = tuple[RowKind, int | None]
 
 
 def plot_timeline(result: ScenarioResult, path: str | os.PathLike[str]) -> Path:
@@ -127,14 +132,14 @@ def timeline_figure(result: ScenarioResult) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    rows = _rows(result)
+    rows = row_layout(result)
     figure = Figure(figsize=(_WIDTH_IN, 4.0), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(figure)  # the renderer measures the title to wrap it
     axes = figure.add_subplot()
     header_in = _titles(figure, axes, result)
     legend_rows = 0
     if rows:
-        last = _last_moment(result)
+        last = last_moment(result)
         _draw(axes, result, rows, last)
         legend_rows = _legend(figure, result)
         axes.set_xlim(0.0, last * 1.03)
@@ -151,120 +156,6 @@ def timeline_figure(result: ScenarioResult) -> Figure:
     height = per_row * len(rows) + 1.0 + header_in + 0.22 * legend_rows
     figure.set_size_inches(_WIDTH_IN, max(3.6, height))
     return figure
-
-
-class _Row(NamedTuple):
-    kind: RowKind
-    of: int | None  # the endpoint's or rollout's index; None for the shared row
-    label: str
-    placeholder: bool = False
-
-
-def _rows(result: ScenarioResult) -> list[_Row]:
-    """The rows top to bottom: the endpoints, the shared row when a firing needs it, the rollouts."""
-    endpoints = _endpoint_indices(result)
-    rows = [
-        _Row("endpoint", endpoint.index, _endpoint_label(endpoint))
-        for endpoint in sorted(result.endpoints, key=lambda endpoint: endpoint.index)
-    ]
-    if any(not _firing_row_keys(firing, endpoints) for firing in result.firings):
-        rows.append(_Row("shared", None, _SHARED_ROW))
-    placeholder = {rollout.index: rollout.placeholder for rollout in result.rollouts}
-    indices = (
-        set(placeholder)
-        | {rollout.index for rollout in result.baseline_rollouts}
-        | {firing.rollout for firing in result.firings if firing.rollout is not None}
-    )
-    on_nodes = _attempt_nodes_by_rollout(result.attempts, _node_names(result))
-    for index in sorted(indices):
-        is_placeholder = placeholder.get(index, False)
-        label = f"r{index} placeholder" if is_placeholder else f"r{index}"
-        if index in on_nodes:
-            label = f"{label} {on_nodes[index]}"
-        rows.append(_Row("rollout", index, label, is_placeholder))
-    return rows
-
-
-class _NodeName(NamedTuple):
-    short: str  # in row labels: head, w0, w1, ... (or the id's first characters for a node not listed)
-    long: str  # in the legend: head, worker 0 (removed), ...
-    color: str
-
-
-def _node_names(result: ScenarioResult) -> dict[str, _NodeName]:
-    """Each node the scenario's attempts ran on, named after its role in the cluster, colored in turn."""
-    names: dict[str, _NodeName] = {}
-    known = {node.node: node for node in result.nodes}
-    used = {attempt.node for attempt in result.attempts if attempt.node is not None}
-    used |= {span.node for rollout in result.rollouts for span in rollout.spans if span.node is not None}
-    ordered = [node.node for node in result.nodes if node.node in used]
-    ordered += sorted(used - set(ordered))
-    for number, node in enumerate(ordered):
-        color = _NODE_COLORS[number % len(_NODE_COLORS)]
-        listed = known.get(node)
-        if listed is None:
-            names[node] = _NodeName(node[:6], f"node {node[:12]}", color)
-            continue
-        short = "head" if listed.role == "head" else listed.role.replace("worker ", "w")
-        names[node] = _NodeName(short, f"{listed.role} (removed)" if listed.removed else listed.role, color)
-    return names
-
-
-def _attempt_nodes_by_rollout(attempts: Sequence[Attempt], names: dict[str, _NodeName]) -> dict[int, str]:
-    """Per rollout, the node of each of its attempts in order (``w0>w1``; ``?`` for one not known)."""
-    by_rollout: dict[int, list[Attempt]] = {}
-    for attempt in attempts:
-        by_rollout.setdefault(attempt.rollout, []).append(attempt)
-    labels = {}
-    for rollout, tries in by_rollout.items():
-        if not any(attempt.node is not None for attempt in tries):
-            continue
-        tries.sort(key=lambda attempt: attempt.attempt)
-        labels[rollout] = ">".join(
-            names[attempt.node].short if attempt.node in names else "?" for attempt in tries
-        )
-    return labels
-
-
-def _endpoint_label(endpoint: EndpointSpan) -> str:
-    # Failovers come in bursts (every request in flight when it went down): the count says how many.
-    failovers = len(endpoint.failovers_s)
-    if not failovers:
-        return f"endpoint {endpoint.index}"
-    return f"endpoint {endpoint.index} ({_count(failovers, 'failover')})"
-
-
-def _endpoint_indices(result: ScenarioResult) -> set[int]:
-    return {endpoint.index for endpoint in result.endpoints}
-
-
-def _firing_row_keys(firing: FaultFiring, endpoints: set[int]) -> list[RowKey]:
-    """Where a firing's marker goes: its rollout's row and its endpoint's row (each when it has one);
-    an empty list means the shared row."""
-    keys: list[RowKey] = []
-    if firing.rollout is not None:
-        keys.append(("rollout", firing.rollout))
-    if firing.endpoint is not None and firing.endpoint in endpoints:
-        keys.append(("endpoint", firing.endpoint))
-    return keys
-
-
-def _last_moment(result: ScenarioResult) -> float:
-    """The latest moment anything drawn happened, in either run; 1 s when nothing took time."""
-    baseline = [span.end_s for rollout in result.baseline_rollouts for span in rollout.spans]
-    last = max([_faulted_end(result), *baseline])
-    return last if last > 0 else 1.0
-
-
-def _faulted_end(result: ScenarioResult) -> float:
-    """The latest moment anything happened in the faulted run."""
-    return max(
-        [result.faulted_s]
-        + [span.end_s for rollout in result.rollouts for span in rollout.spans]
-        + [firing.at_s for firing in result.firings]
-        + [end for endpoint in result.endpoints for _, end in endpoint.down_s]
-        + [at for endpoint in result.endpoints for at in endpoint.failovers_s]
-    )
 
 
 class _Lanes(NamedTuple):
@@ -284,7 +175,7 @@ def _lanes(result: ScenarioResult) -> _Lanes:
     return _Lanes(calls=0.0, calls_height=0.72, baseline=0.0, baseline_height=0.0)
 
 
-def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[_Row], last: float) -> None:
+def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[Row], last: float) -> None:
     """Draws every row's content, the fault markers and the row labels."""
     row_of: dict[RowKey, int] = {(row.kind, row.of): number for number, row in enumerate(rows)}
     min_width = last * 1.03 * MIN_SPAN_FRACTION
@@ -297,8 +188,8 @@ def _draw(axes: Axes, result: ScenarioResult, rows: Sequence[_Row], last: float)
             axes.axhspan(number - 0.5, number + 0.5, color="#888888", alpha=0.12, linewidth=0, zorder=0)
 
     for endpoint in result.endpoints:
-        _endpoint_row(axes, row_of[("endpoint", endpoint.index)], endpoint, _faulted_end(result), min_width)
-    nodes = _node_names(result)
+        _endpoint_row(axes, row_of[("endpoint", endpoint.index)], endpoint, faulted_end(result), min_width)
+    nodes = node_names(result)
     for rollout in result.rollouts:
         y = row_of[("rollout", rollout.index)] + lanes.calls
         for span in rollout.spans:
@@ -332,10 +223,10 @@ def _bar(axes: Axes, y: float, height: float, rollout: int, span: TurnSpan, min_
 
 
 def _node_strips(
-    axes: Axes, top: float, rollout: RolloutSpan, names: dict[str, _NodeName], min_width: float
+    axes: Axes, top: float, rollout: RolloutSpan, names: dict[str, NodeName], min_width: float
 ) -> None:
     """Over each attempt's calls, a thin strip in the color of the node its env ran on."""
-    by_attempt: dict[int, tuple[_NodeName, list[TurnSpan]]] = {}
+    by_attempt: dict[int, tuple[NodeName, list[TurnSpan]]] = {}
     for span in rollout.spans:
         if span.node is not None and span.node in names:
             by_attempt.setdefault(span.attempt, (names[span.node], []))[1].append(span)
@@ -417,10 +308,10 @@ def _firings(
     axes: Axes, result: ScenarioResult, row_of: dict[RowKey, int], lanes: _Lanes, *, small: bool
 ) -> None:
     """Each fault's firings as ``x`` markers, one scatter per fault, centred on the calls' lane."""
-    endpoints = _endpoint_indices(result)
+    endpoints = endpoint_indices(result)
     by_fault: dict[int, list[tuple[float, float]]] = {}
     for firing in result.firings:
-        for key in _firing_row_keys(firing, endpoints) or [("shared", None)]:
+        for key in firing_row_keys(firing, endpoints) or [("shared", None)]:
             y = row_of[key] + (lanes.calls if key[0] == "rollout" else 0.0)
             by_fault.setdefault(firing.fault, []).append((firing.at_s, y))
     for fault, points in sorted(by_fault.items()):
@@ -437,7 +328,7 @@ def _firings(
         markers.set_gid(f"fault {fault}")
 
 
-def _row_labels(axes: Axes, rows: Sequence[_Row]) -> None:
+def _row_labels(axes: Axes, rows: Sequence[Row]) -> None:
     font = 9.0 if len(rows) <= 24 else 7.0 if len(rows) <= 40 else 6.0
     axes.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=font)
     for tick, row in zip(axes.get_yticklabels(), rows, strict=True):
@@ -479,8 +370,8 @@ def _titles(figure: Figure, axes: Axes, result: ScenarioResult) -> float:
         result.status,
         result.file,
         f"probes held {held}/{len(result.probes)}",
-        _count(len(result.firings), "fault firing"),
-        _count(placeholders, "placeholder"),
+        count(len(result.firings), "fault firing"),
+        count(placeholders, "placeholder"),
         f"baseline {result.baseline_s:.1f} s, faulted {result.faulted_s:.1f} s",
     ]
     facts_width = width * _FACTS_WIDTH
@@ -578,7 +469,7 @@ def _legend_handles(result: ScenarioResult) -> list[Artist]:
         handles.append(Patch(facecolor="#ffffff", edgecolor=_FAILED, linewidth=1.8, label="call failed"))
     if any(rollout.placeholder for rollout in result.rollouts):
         handles.append(Patch(facecolor=_PLACEHOLDER, alpha=0.15, label="placeholder rollout"))
-    for name in _node_names(result).values():
+    for name in node_names(result).values():
         label = f"env on {name.long}" if name.short == name.long else f"env on {name.short}: {name.long}"
         handles.append(Patch(facecolor=name.color, label=label))
     if result.baseline_rollouts:
@@ -626,10 +517,6 @@ def _legend_handles(result: ScenarioResult) -> list[Artist]:
             )
         )
     return handles
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _white_outline() -> AbstractPathEffect:
