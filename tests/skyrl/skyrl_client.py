@@ -19,7 +19,56 @@ from skyrl.train.generators.base import TrajectoryID
 DEFAULT_MAX_TOKENS = 24
 
 
-class ScriptedClient(InferenceEngineInterface):
+class GenerateOnlyClient(InferenceEngineInterface):
+    """SkyRL's ``InferenceEngineInterface`` with everything but ``generate`` answered as one engine that
+    holds no weights: what SkyRL's generator and trainer step call on a client, and no more."""
+
+    finished: list[str]  # the sessions SkyRL's generator finished, in order
+
+    async def finish_session(self, session_id: str) -> None:
+        self.finished.append(session_id)
+
+    def get_endpoint_url(self) -> str:
+        return "http://127.0.0.1:1"
+
+    async def chat_completion(self, request_payload: Any) -> Any:
+        raise NotImplementedError
+
+    async def render_chat_completion(self, request_payload: Any) -> Any:
+        raise NotImplementedError
+
+    async def completion(self, request_payload: Any) -> Any:
+        raise NotImplementedError
+
+    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def sleep(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def init_weight_update_communicator(self, init_info: Any) -> None:
+        return None
+
+    async def update_named_weights(self, request: Any) -> None:
+        return None
+
+    async def teardown(self) -> None:
+        return None
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> None:
+        return None
+
+    async def pause_generation(self) -> None:
+        return None
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def get_world_size(self) -> tuple[int, int]:
+        return 1, 1
+
+
+class ScriptedClient(GenerateOnlyClient):
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.calls: list[dict[str, Any]] = []
@@ -67,48 +116,6 @@ class ScriptedClient(InferenceEngineInterface):
         out["prompt_logprobs"] = None  # type: ignore[assignment]
         out["rollout_expert_indices"] = None  # type: ignore[assignment]
         return out
-
-    async def finish_session(self, session_id: str) -> None:
-        self.finished.append(session_id)
-
-    def get_endpoint_url(self) -> str:
-        return "http://127.0.0.1:1"
-
-    async def chat_completion(self, request_payload: Any) -> Any:
-        raise NotImplementedError
-
-    async def render_chat_completion(self, request_payload: Any) -> Any:
-        raise NotImplementedError
-
-    async def completion(self, request_payload: Any) -> Any:
-        raise NotImplementedError
-
-    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def sleep(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def init_weight_update_communicator(self, init_info: Any) -> None:
-        return None
-
-    async def update_named_weights(self, request: Any) -> None:
-        return None
-
-    async def teardown(self) -> None:
-        return None
-
-    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> None:
-        return None
-
-    async def pause_generation(self) -> None:
-        return None
-
-    async def resume_generation(self) -> None:
-        return None
-
-    async def get_world_size(self) -> tuple[int, int]:
-        return 1, 1
 
 
 def generator_config(*, max_turns: int = 1, step_wise: bool = False, **fields: Any) -> GeneratorConfig:

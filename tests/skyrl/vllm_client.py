@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from skyrl.backends.skyrl_train.inference_servers.base import InferenceEngineInterface
+from skyrl_client import GenerateOnlyClient
 
 from gym_resilience.engines.vllm_server import VLLMServer
 
@@ -78,7 +78,7 @@ def completion_body(
     return body
 
 
-class VLLMCompletionsClient(InferenceEngineInterface):
+class VLLMCompletionsClient(GenerateOnlyClient):
     """SkyRL's inference client for one vLLM server's ``/v1/completions``; ``calls`` records each
     ``generate``'s input, ``requests`` each body sent, ``finished`` the finished sessions."""
 
@@ -129,44 +129,5 @@ class VLLMCompletionsClient(InferenceEngineInterface):
             "rollout_expert_indices": None,
         }
 
-    async def finish_session(self, session_id: str) -> None:
-        self.finished.append(session_id)
-
     def get_endpoint_url(self) -> str:
         return self.url
-
-    async def chat_completion(self, request_payload: Any) -> Any:
-        raise NotImplementedError
-
-    async def render_chat_completion(self, request_payload: Any) -> Any:
-        raise NotImplementedError
-
-    async def completion(self, request_payload: Any) -> Any:
-        raise NotImplementedError
-
-    async def wake_up(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def sleep(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def init_weight_update_communicator(self, init_info: Any) -> None:
-        return None
-
-    async def update_named_weights(self, request: Any) -> None:
-        return None
-
-    async def teardown(self) -> None:
-        return None
-
-    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> None:
-        return None
-
-    async def pause_generation(self) -> None:
-        return None
-
-    async def resume_generation(self) -> None:
-        return None
-
-    async def get_world_size(self) -> tuple[int, int]:
-        return 1, 1
