@@ -56,7 +56,7 @@ def test_a_harness_path_and_name_in_the_docs_imports(doc: str, path_name: str) -
 
 def test_a_stale_name_does_not_resolve() -> None:
     assert PATH_NAME.findall("(`harness/replay.Bench`), harness/x.py") == ["harness/replay.Bench"]
-    assert PATH.findall("see `harness/replay.py` and tests/harness/x.py") == ["harness/replay.py"]
+    assert PATH.findall("see `harness/replay.py` and tests/chaos/x.py") == ["harness/replay.py"]
     assert not (ROOT / "harness/replay.py").exists()
     assert not resolves("harness.replay.Bench")
     assert not resolves("harness.run.bench.NoSuchName")
