@@ -25,13 +25,16 @@ async def wait_through_cancellation(
     timeout_s: float | None = None,
     *,
     left: Callable[[asyncio.Future[Any]], None] | None = None,
+    nudge: Callable[[], None] | None = None,
 ) -> bool:
     """Wait for ``step`` up to ``timeout_s`` (None: no limit), even if cancelled once or more meanwhile.
 
     Returns whether the step finished (with a result, an exception, or cancelled itself): its outcome stays
     on ``step`` for the caller to read. A step still running at the deadline is left to run (to its
     thread, for an executor's future) and handed to ``left``, so the caller can count it; nobody awaits
-    it any more, so its outcome is retrieved when it comes, never reported as unretrieved.
+    it any more, so its outcome is retrieved when it comes, never reported as unretrieved. ``nudge`` is
+    called before the wait and on each cancellation: the source that settles ``step`` hands over what it
+    may still hold (a wait through cancellation is teardown, often after an interrupt cut a hand-over).
 
     Raises:
         asyncio.CancelledError: the first cancellation that arrived while waiting, once the step finished
@@ -47,11 +50,15 @@ async def wait_through_cancellation(
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     cancellation: asyncio.CancelledError | None = None
+    if nudge is not None:
+        nudge()
     while not step.done() and (deadline is None or loop.time() < deadline):
         try:
             await asyncio.wait({step}, timeout=None if deadline is None else deadline - loop.time())
         except asyncio.CancelledError as cancelled:
             cancellation = cancellation or cancelled
+            if nudge is not None:
+                nudge()
     if not step.done():
         step.add_done_callback(_retrieve)
         if left is not None:

@@ -327,7 +327,7 @@ class _Batch:
         self.config = runner.config
         self.codec = codec
         self.pool = pool
-        self.late = LateCloses(self.config.close_timeout_s)
+        self.late = LateCloses(self.config.close_timeout_s, nudge=pool.deliver_pending)
         self.open_envs = OpenEnvs()
         self.start_line = start_line
         self.attempts: dict[int, int] = {}

@@ -49,6 +49,8 @@ class LateCloses:
     """
 
     timeout_s: float
+    nudge: Callable[[], None] | None = None
+    """Redelivers the outcomes the env pool holds, on a cancellation (see ``EnvPool.deliver_pending``)."""
     count: int = 0
 
     def left(self, step: asyncio.Future[Any]) -> None:
@@ -56,13 +58,20 @@ class LateCloses:
 
     async def wait(self, step: asyncio.Future[Any]) -> bool:
         """Wait for a teardown step through cancellation, up to ``timeout_s``; whether it finished."""
-        return await wait_through_cancellation(step, self.timeout_s, left=self.left)
+        return await self._wait(step, self.timeout_s)
+
+    async def wait_to_end(self, step: asyncio.Future[Any]) -> None:
+        """Wait for a teardown step through cancellation, however long it takes."""
+        await self._wait(step, None)
+
+    async def _wait(self, step: asyncio.Future[Any], timeout_s: float | None) -> bool:
+        return await wait_through_cancellation(step, timeout_s, left=self.left, nudge=self.nudge)
 
     async def wait_close(self, env: BackendEnv, closing: asyncio.Future[None]) -> bool:
         """:meth:`wait` for ``env``'s close. A remote env's gets ``KILL_GRACE_S`` more: its close itself
         kills the worker at ``timeout_s``, then reaps it, so it ends on time of its own."""
         grace_s = KILL_GRACE_S if env.remote else 0.0
-        return await wait_through_cancellation(closing, self.timeout_s + grace_s, left=self.left)
+        return await self._wait(closing, self.timeout_s + grace_s)
 
     def note(self, error: BaseException) -> None:
         """Say on the batch's ``error`` how many envs were left to their threads, if any."""
@@ -261,7 +270,7 @@ async def open_env(
             if build.abandon():
                 # Handed over already: none of the env's code is left to run before it arrives, so it is
                 # waited for however long the hand-over takes (on a busy machine, past close_timeout_s).
-                await wait_through_cancellation(opening)
+                await late.wait_to_end(opening)
             else:
                 await late.wait(opening)
         except asyncio.CancelledError:

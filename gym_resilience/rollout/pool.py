@@ -161,17 +161,23 @@ class EnvPool:
         return after
 
     def _deliver(self) -> None:
+        """Settle the outcomes handed over so far. They leave ``_outcomes`` only once settled (settling
+        twice changes nothing): a KeyboardInterrupt from a signal handler can stop the loop anywhere in
+        here, even before the first line runs, and what it left is found by the next hand-over or by
+        :meth:`deliver_pending`."""
         with self._lock:
-            outcomes, self._outcomes, self._waking = self._outcomes, [], False
-        try:
-            for outcome in outcomes:
-                _settle(*outcome)
-        except BaseException:
-            # A KeyboardInterrupt from a signal handler can stop the loop anywhere: the outcomes it left
-            # are settled still, or the rollouts awaiting them would wait forever in their teardown.
-            for outcome in outcomes:
-                _settle(*outcome)
-            raise
+            self._waking = False
+            outcomes = self._outcomes[:]
+        for outcome in outcomes:
+            _settle(*outcome)
+        with self._lock:
+            del self._outcomes[: len(outcomes)]  # threads only append; deliveries run on the loop in turn
+
+    def deliver_pending(self) -> None:
+        """Settle now, on the event loop, any outcome handed over but not settled yet: for a wait that was
+        cancelled, since an interrupt that stopped the loop may have cut the hand-over it waits for."""
+        if self._outcomes:
+            self._deliver()
 
 
 def _settle(

@@ -118,6 +118,31 @@ def test_an_interrupt_while_the_pool_hands_outcomes_over_still_hands_every_one_o
     assert settled(ledger)
 
 
+@pytest.mark.parametrize("at_call", [1, 2, 4])  # of the 6 or 7 hand-overs a batch makes
+def test_an_interrupt_before_the_pools_hand_over_starts_loses_no_outcome(
+    monkeypatch: pytest.MonkeyPatch, at_call: int
+) -> None:
+    # A signal handler's interrupt can land as the loop enters the hand-over, before any of its lines
+    # ran: the outcomes it was scheduled for are still settled, or the teardown awaiting them never ends.
+    original = pool_module.EnvPool._deliver
+    calls = [0]
+
+    def deliver(self: Any) -> None:
+        calls[0] += 1
+        if calls[0] == at_call:
+            raise KeyboardInterrupt("as the pool's hand-over begins")
+        original(self)
+
+    monkeypatch.setattr(pool_module.EnvPool, "_deliver", deliver)
+    ledger = EnvCounts()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(ledger, True, lambda loop: None)
+    assert time.monotonic() - started < 30
+    assert settled(ledger)
+    assert ledger.closed_more_than_once() == 0
+
+
 STRESS = textwrap.dedent(
     """
     import asyncio, json, random, signal, sys, threading, time, os
