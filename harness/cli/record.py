@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +20,18 @@ MAX_JOURNAL_NESTING = 64
 """How deeply a journal's JSON may nest; a journal needs 8 levels (a fault's ``when`` in a spec)."""
 
 
-@functools.cache
-def _journal_model() -> Any:
-    """The pydantic model of what ``record`` reads of a journal (everything else in it is ignored), made
-    on first use: this module imports without pydantic."""
-    from pydantic import BaseModel, ConfigDict, NonNegativeInt
+def _reads() -> Mapping[type, Mapping[str, bool]]:
+    """What ``record`` reads of a journal, with whether each field must be there (everything else in a
+    journal is ignored): the journal's records of ``harness.judge.results``, checked by
+    ``harness.reports.journal.strict_journal``. Imported on first use, as every reader of a journal is:
+    this module imports without pydantic."""
+    from harness.judge.results import FaultFiring, RunJournal, ScenarioResult
 
-    class Firing(BaseModel):
-        model_config = ConfigDict(extra="ignore", strict=True)
-
-        fault: NonNegativeInt
-        rollout: NonNegativeInt | None = None
-        attempt: NonNegativeInt | None = None
-        turn: NonNegativeInt | None = None
-
-    class Result(BaseModel):
-        model_config = ConfigDict(extra="ignore", strict=True)
-
-        file: str
-        spec: dict[str, Any] = {}
-        firings: list[Firing] = []
-
-    class Journal(BaseModel):
-        model_config = ConfigDict(extra="ignore", strict=True)
-
-        scenarios: list[Result]
-
-    return Journal
+    return {
+        RunJournal: {"scenarios": True},
+        ScenarioResult: {"file": True, "spec": False, "firings": False},
+        FaultFiring: {"fault": True, "rollout": False, "attempt": False, "turn": False},
+    }
 
 
 _RANDOM_TARGETING = ("probability", "nth_call", "nth_connection")
@@ -69,7 +54,9 @@ def record_scenario(journal_data: Any, scenario_name: str | None = None) -> dict
         ValueError: ``journal_data`` is not a journal (the message names the field), or not exactly one
             of its scenarios (of those named ``scenario_name``) had faults fire.
     """
-    journal = _recorded_journal(journal_data)
+    from harness.reports.journal import strict_journal
+
+    journal = strict_journal(journal_data, _reads())
     results = list(enumerate(journal.scenarios))
     if scenario_name is not None:
         results = _named(results, scenario_name)
@@ -137,39 +124,14 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _recorded_journal(data: Any) -> Any:
-    """``data`` as the model of :func:`_journal_model`.
-
-    Raises:
-        ValueError: it is not a journal; the message names the field.
-    """
-    from pydantic import ValidationError
-
-    if not isinstance(data, dict):
-        raise ValueError(f"not a chaos journal: expected a JSON object at the top, got {_json_type(data)}")
-    try:
-        return _journal_model().model_validate(data)
-    except ValidationError as exc:
-        from harness.scenario.messages import field_path
-
-        error = exc.errors(include_url=False)[0]
-        where = field_path(error["loc"])
-        if error["type"] == "missing":
-            message = "missing field"
-        elif error["type"] in ("model_type", "dict_type"):
-            message = f"expected an object, got {_json_type(error['input'])}"
-        else:
-            message = f"{error['msg'][0].lower()}{error['msg'][1:]}, got {_json_type(error['input'])}"
-        raise ValueError(f"not a chaos journal: {where}: {message}") from None
-
-
 def _recorded_faults(number: int, result: Any) -> list[dict[str, Any]]:
     """The faults of ``result``'s spec, checked to be what ``record_scenario`` reads."""
+    from harness.reports.journal import json_type
     from harness.scenario.messages import counted
 
     at = f"not a chaos journal: scenarios[{number}].spec"
     if not isinstance(result.spec.get("title"), str):
-        raise ValueError(f"{at}.title: expected a string, got {_json_type(result.spec.get('title'))}")
+        raise ValueError(f"{at}.title: expected a string, got {json_type(result.spec.get('title'))}")
     faults = result.spec.get("faults", [])
     if not isinstance(faults, list) or not all(isinstance(fault, dict) for fault in faults):
         raise ValueError(f"{at}.faults: expected a list of objects")
@@ -182,58 +144,18 @@ def _recorded_faults(number: int, result: Any) -> list[dict[str, Any]]:
     return faults
 
 
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
-    return names.get(type(value), "a number")
-
-
 def _read_journal(path: Path) -> Any:
-    """The JSON of the journal at ``path``, read within bounded time and memory.
+    """The JSON of the journal at ``path`` (``read_journal_file``).
 
     Raises:
-        InvalidInput: the file is missing, too large, not a regular file, not UTF-8 or not JSON.
+        InvalidInput: it cannot be read as a journal; the message names the file and the reason.
     """
-    from harness.scenario.source import read_input_file
-
-    def invalid(reason: str) -> InvalidInput:
-        return InvalidInput(f"{path}: cannot record a scenario: {reason}")
+    from harness.reports.journal import read_journal_file
 
     try:
-        raw = read_input_file(path, max_bytes=MAX_JOURNAL_BYTES, what="journal")
+        return read_journal_file(path, max_bytes=MAX_JOURNAL_BYTES, max_nesting=MAX_JOURNAL_NESTING)
     except ValueError as exc:
-        raise invalid(str(exc)) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid(f"not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
-    too_deep = f"not a chaos journal: the JSON nests deeper than {MAX_JOURNAL_NESTING} levels"
-    try:
-        data = json.loads(text, parse_int=_json_int)
-    except RecursionError:
-        raise invalid(too_deep) from None
-    except ValueError as exc:
-        raise invalid(f"not a chaos journal: invalid JSON: {exc}") from None
-    if _nested_deeper_than(data, MAX_JOURNAL_NESTING):
-        raise invalid(too_deep)
-    return data
-
-
-def _json_int(text: str) -> int:
-    """An integer of the journal; thousands of digits are refused before ``int()`` spends time on them."""
-    if len(text) > 100:
-        raise ValueError(f"an integer of {len(text)} digits")
-    return int(text)
-
-
-def _nested_deeper_than(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children)
-    return False
+        raise InvalidInput(f"{path}: cannot record a scenario: {exc}") from None
 
 
 def record_command(args: argparse.Namespace) -> int:

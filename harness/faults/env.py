@@ -11,8 +11,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final, SupportsFloat, TypeVar
 
@@ -21,14 +21,16 @@ import gymnasium
 from gym_resilience import current_rollout
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.tasks import Task
+from harness.faults.events import RunEvents, SpanKind, record_span, timed_call
+from harness.faults.injectors import Injector, check_table
 from harness.faults.plan import FaultPlan
-from harness.faults.spans import SpanKind, SpanLog
 from harness.scenario.spec import EnvFault
 
 __all__ = [
     "BAD_RESET_OBSERVATION",
     "BAD_REWARD",
     "BAD_STEP_OBSERVATION",
+    "ENV_INJECTORS",
     "HANG_S",
     "FaultyEnv",
     "FaultyEnvFactory",
@@ -65,22 +67,23 @@ def ray_placement() -> tuple[str, str] | None:
 
 
 class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
-    """Injects a plan's env faults into ``reset``, ``step`` and ``close``, and logs a span per call.
+    """Injects a plan's env faults into ``reset``, ``step`` and ``close``, and reports a span per call.
 
     Fault kinds: ``raise`` (the named exception, built from the message), ``delay`` (sleep, then the
     real call), ``hang`` (sleep :data:`HANG_S`: only an isolated env, whose worker a deadline kills,
     gets past it), ``interrupt`` (``KeyboardInterrupt``), ``bad_output`` (the real call, whose result is
     then replaced: ``reset`` returns :data:`BAD_RESET_OBSERVATION`; ``step`` returns
-    :data:`BAD_STEP_OBSERVATION` and :data:`BAD_REWARD`). Delays apply first; then the first other
-    fault that fired, in scenario order, applies alone. On ``close`` the inner env is closed whatever
+    :data:`BAD_STEP_OBSERVATION` and :data:`BAD_REWARD`). Each kind is one entry of
+    :data:`ENV_INJECTORS`: delays apply first; then the first other fault that fired, in scenario order,
+    applies alone. On ``close`` the inner env is closed whatever
     the fault (but a hang), so an injected close failure leaks nothing. A ``kill_actor`` ray fault that
     fires on a ``step`` applies before all of them: the env's Ray actor SIGKILLs its own worker process.
     Where each call is (rollout, attempt, turn): see the module docstring.
 
     Args:
         env: The env to inject into.
-        plan: The faults; None injects nothing (the wrapper then only records spans).
-        spans: Where to log each call's span; None logs none.
+        plan: The faults; None injects nothing (the wrapper then only reports spans).
+        events: Where each call's span is reported (the run's recorder); None reports none.
         rollout: The rollout index to use when neither ``current_rollout()`` nor ``reset``'s options
             say (a user pipeline outside ``BatchRunner``: the task's index in the batch).
         sleep: How ``delay`` and ``hang`` sleep (tests inject a fake; it must pickle for isolated envs).
@@ -90,8 +93,7 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         >>> from harness.scenario.spec import EnvFault
         >>> task = generate_tasks(1, seed=0)[0]
         >>> plan = FaultPlan([EnvFault(target="env", kind="raise", exception="ConnectionResetError")],
-        ...                  seed=0, log_path=Path("/dev/null"), start=time.time(),
-        ...                  exceptions={0: ConnectionResetError})
+        ...                  seed=0, exceptions={0: ConnectionResetError})
         >>> env = FaultyEnv(word_game_factory(task), plan, rollout=0)
         >>> _ = env.reset(options={"task": task})
         >>> env.step("e")
@@ -106,15 +108,15 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         env: gymnasium.Env[Any, Any],
         plan: FaultPlan | None = None,
         *,
-        spans: SpanLog | None = None,
+        events: RunEvents | None = None,
         rollout: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(env)
         self.plan = plan
-        self.spans = spans
+        self.events = events
         self.fallback_rollout = rollout
-        self._sleep = sleep
+        self.sleep = sleep
         self._from_options: tuple[int, int] | None = None
         self._steps = 0
         self._faults: dict[str, list[tuple[int, EnvFault]]] = {
@@ -165,7 +167,6 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
             finally:
                 self.env.close()
 
-    @contextmanager
     def _span(
         self,
         kind: SpanKind,
@@ -173,12 +174,26 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         attempt: int | None,
         turn: int | None,
         node: str | None = None,
-    ) -> Iterator[None]:
-        if self.spans is None:
-            yield
-        else:
-            with self.spans.span(kind, rollout=rollout, attempt=attempt, turn=turn, node=node):
-                yield
+    ) -> AbstractContextManager[None]:
+        return timed_call(self.events, kind, rollout=rollout, attempt=attempt, turn=turn, node=node)
+
+    def never_ends(
+        self, method: SpanKind, rollout: int | None, attempt: int | None, turn: int | None
+    ) -> None:
+        """Report the call now, with no end: it never returns (a hang, or a kill that ends this process
+        before the call's own span is reported)."""
+        if self.events is not None:
+            now = time.time()
+            record_span(
+                self.events,
+                method,
+                rollout=rollout,
+                attempt=attempt,
+                turn=turn,
+                started=now,
+                ended=None,
+                failed=True,
+            )
 
     def _kill_actor(self, rollout: int | None, attempt: int | None, turn: int | None) -> None:
         """SIGKILL this env's Ray actor, mid-step, if a ``kill_actor`` fault fires on this step."""
@@ -198,12 +213,7 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
             )
         actor, node = placement
         plan.record(fired, **where, detail=f"step killed env actor {actor[:12]} on node {node[:12]}")
-        if self.spans is not None:
-            # The kill ends this process before the step's span is logged: log it now, with no end.
-            now = time.time()
-            self.spans.record(
-                "step", rollout=rollout, attempt=attempt, turn=turn, started=now, ended=None, failed=True
-            )
+        self.never_ends("step", rollout, attempt, turn)
         # SIGKILL, not ray.kill: the process is gone before this step can return, whatever Ray does next.
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(HANG_S)  # never reached: SIGKILL is not caught; the step must not return meanwhile
@@ -221,36 +231,73 @@ class FaultyEnv(gymnasium.Wrapper[Any, Any, Any, Any]):
         if plan is None or not faults:
             return real()
         fired = [(i, f) for i, f in faults if plan.fires(i, rollout=rollout, attempt=attempt, turn=turn)]
-        where = {"rollout": rollout, "attempt": attempt, "turn": turn}
+        call = EnvCall(self, plan, method, rollout, attempt, turn, real)
         for index, fault in fired:
-            if fault.kind == "delay":
-                plan.record(index, **where, detail=f"{method} delayed {fault.delay_s:g} s")
-                self._sleep(fault.delay_s)
-        effect = next(((i, f) for i, f in fired if f.kind != "delay"), None)
+            if ENV_INJECTORS[fault.kind].phase == "before":
+                ENV_INJECTORS[fault.kind].apply(call, index, fault)
+        effect = next(((i, f) for i, f in fired if ENV_INJECTORS[f.kind].phase == "instead"), None)
         if effect is None:
             return real()
         index, fault = effect
-        if fault.kind == "raise":
-            error = plan.exception(index)
-            plan.record(index, **where, detail=f"{method} raised {type(error).__name__}: {error}")
-            raise error
-        if fault.kind == "interrupt":
-            plan.record(index, **where, detail=f"{method} interrupted")
-            raise KeyboardInterrupt(fault.message)
-        if fault.kind == "hang":
-            plan.record(index, **where, detail=f"{method} hung")
-            if self.spans is not None:
-                now = time.time()
-                self.spans.record(
-                    method, rollout=rollout, attempt=attempt, turn=turn, started=now, ended=None, failed=True
-                )
-            self._sleep(HANG_S)
-            return real()
-        # bad_output: the env did its work, and its answer is garbage.
-        result = real()
-        plan.record(index, **where, detail=f"{method} returned bad output")
-        bad: T = _bad_output(method, result)
-        return bad
+        result: T = ENV_INJECTORS[fault.kind].apply(call, index, fault)
+        return result
+
+
+@dataclass(frozen=True)
+class EnvCall:
+    """One env call that faults hit: the env, where the call is, and the real call."""
+
+    env: FaultyEnv
+    plan: FaultPlan
+    method: SpanKind
+    rollout: int | None
+    attempt: int | None
+    turn: int | None
+    real: Callable[[], Any]
+
+    def fired(self, index: int, detail: str) -> None:
+        self.plan.record(index, rollout=self.rollout, attempt=self.attempt, turn=self.turn, detail=detail)
+
+
+def _delay(call: EnvCall, index: int, fault: EnvFault) -> None:
+    call.fired(index, f"{call.method} delayed {fault.delay_s:g} s")
+    call.env.sleep(fault.delay_s)
+
+
+def _raise(call: EnvCall, index: int, fault: EnvFault) -> Any:
+    error = call.plan.exception(index)
+    call.fired(index, f"{call.method} raised {type(error).__name__}: {error}")
+    raise error
+
+
+def _interrupt(call: EnvCall, index: int, fault: EnvFault) -> Any:
+    call.fired(index, f"{call.method} interrupted")
+    raise KeyboardInterrupt(fault.message)
+
+
+def _hang(call: EnvCall, index: int, fault: EnvFault) -> Any:
+    call.fired(index, f"{call.method} hung")
+    call.env.never_ends(call.method, call.rollout, call.attempt, call.turn)
+    call.env.sleep(HANG_S)
+    return call.real()
+
+
+def _bad_output_call(call: EnvCall, index: int, fault: EnvFault) -> Any:
+    """The env did its work, and its answer is garbage."""
+    result = call.real()
+    call.fired(index, f"{call.method} returned bad output")
+    return _bad_output(call.method, result)
+
+
+ENV_INJECTORS: Final[Mapping[str, Injector[EnvCall]]] = {
+    "delay": Injector("before", _delay),
+    "raise": Injector("instead", _raise),
+    "interrupt": Injector("instead", _interrupt),
+    "hang": Injector("instead", _hang),
+    "bad_output": Injector("instead", _bad_output_call),
+}
+"""What each env fault kind does to the call it hits."""
+check_table("env", ENV_INJECTORS)
 
 
 def _bad_output(method: str, result: Any) -> Any:
@@ -273,14 +320,14 @@ class FaultyEnvFactory:
     base_factory: Callable[[Task], gymnasium.Env[Any, Any]]
     plan: FaultPlan | None
     index_of: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    spans: SpanLog | None = None
+    events: RunEvents | None = None
     sleep: Callable[[float], None] = time.sleep
 
     def __call__(self, task: Task) -> FaultyEnv:
         return FaultyEnv(
             self.base_factory(task),
             self.plan,
-            spans=self.spans,
+            events=self.events,
             rollout=self.index_of.get(task.instance_id),
             sleep=self.sleep,
         )

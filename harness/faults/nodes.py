@@ -1,6 +1,7 @@
 """The node killer: injects a plan's ``kill_node`` ray faults by removing worker nodes of the cluster.
 
-A thread of the harness process that watches the span log, so it sees env steps wherever they run.
+A thread of the harness process that watches the run's spans as its recorder receives them, so it sees
+env steps wherever they run.
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Protocol
 
+from harness.faults.events import Span, reset_nodes
 from harness.faults.plan import FaultPlan
-from harness.faults.spans import Span, SpanLog, reset_nodes
 from harness.scenario.spec import RayFault
 
-__all__ = ["Cluster", "NodeKiller"]
+__all__ = ["Calls", "Cluster", "NodeKiller"]
+
+
+class Calls(Protocol):
+    """What :class:`NodeKiller` reads of the run's recorder (``harness.run.recorder.Recorder``)."""
+
+    def spans(self) -> list[Span]:
+        """Every span reported so far, by any process."""
+        ...
 
 
 class Cluster(Protocol):
@@ -26,7 +35,7 @@ class Cluster(Protocol):
 
 
 class NodeKiller:
-    """Injects a plan's ``kill_node`` faults: a thread that watches the span log and, once a fault's
+    """Injects a plan's ``kill_node`` faults: a thread that watches the run's spans and, once a fault's
     ``after_steps`` env steps have ended, removes one worker node of ``cluster``.
 
     The node is the fault's ``node`` (an index into ``cluster.worker_node_ids()`` as it was when the
@@ -37,14 +46,14 @@ class NodeKiller:
 
     Args:
         plan: The faults; only its ``kill_node`` faults are used.
-        spans: The span log that the faulted run's envs write.
+        calls: The faulted run's recorder, to which its envs report their spans.
         cluster: The cluster whose worker nodes are removed.
-        poll_s: How often the span log is read.
+        poll_s: How often the spans are read.
     """
 
-    def __init__(self, plan: FaultPlan, spans: SpanLog, cluster: Cluster, *, poll_s: float = 0.05) -> None:
+    def __init__(self, plan: FaultPlan, calls: Calls, cluster: Cluster, *, poll_s: float = 0.05) -> None:
         self.plan = plan
-        self.spans = spans
+        self.calls = calls
         self.cluster = cluster
         self.poll_s = poll_s
         self._pending = plan.ray_faults("kill_node")
@@ -72,7 +81,7 @@ class NodeKiller:
     def _watch(self) -> None:
         try:
             while self._pending and not self._stop.wait(self.poll_s):
-                spans = self.spans.read()
+                spans = self.calls.spans()
                 steps = sum(1 for span in spans if span.kind == "step" and span.end_s is not None)
                 due = [(i, f) for i, f in self._pending if steps >= f.after_steps]
                 for index, fault in due:

@@ -1,8 +1,8 @@
 """The fault plan: a scenario's faults and the decisions of when each one fires.
 
 :class:`FaultPlan` decides, as a function of where a call is (rollout, attempt, turn), whether a fault
-fires; every firing is appended to a JSON-lines log that threads and isolated env worker processes
-share. The injectors (``harness.faults.env``, ``.engine``, ``.nodes``, ``.proxy``) ask it on every call.
+fires, and reports each firing to the run's recorder. The injectors (``harness.faults.env``,
+``.engine``, ``.nodes``, ``.proxy``) ask it on every call.
 
 Where a call is:
 
@@ -17,27 +17,23 @@ Where a call is:
 
 A filter on rollouts, turns or attempts never matches a call where that coordinate is unknown.
 
-The log is JSON lines appended with ``O_APPEND``, one ``write`` per record, so every thread and process
-may append to it at once; one open/write/close per record costs microseconds, against the milliseconds
-of an env or engine call.
+Every firing is reported to the run's events (``harness.faults.events.RunEvents``, the run's recorder),
+from whichever thread or process it happened in.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import random
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gym_resilience.errors import UnsupportedConfigError
 from gym_resilience.rollout_header import RolloutIdentity
-from harness.jsonlines import append_json_line, read_json_lines
-from harness.scenario.kinds import KINDS, kind_of
+from harness.faults.events import FaultFiring, RunEvents
+from harness.scenario.kinds import kind_of
 from harness.scenario.spec import (
     ConnectionTargeting,
     EngineFault,
@@ -49,35 +45,11 @@ from harness.scenario.spec import (
 )
 
 __all__ = [
-    "FaultFiring",
     "FaultPlan",
     "connection_fires",
     "draw",
-    "read_firings",
     "request_fires",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class FaultFiring:
-    """One time a fault hit: which fault (its index in the file), where, and when in the faulted run."""
-
-    fault: int
-    kind: str
-    target: str
-    rollout: int | None
-    attempt: int | None
-    turn: int | None
-    detail: str
-    at_s: float
-    endpoint: int | None = None
-    """The served endpoint it hit (a ``kill``'s server, the endpoint behind an engine-link proxy);
-    None when it hit no one endpoint."""
-
-    @property
-    def failed_call(self) -> bool:
-        """Whether the call it hit failed (a delay, a latency or an abort only slow or shorten it)."""
-        return KINDS[(self.target, self.kind)].fails_call
 
 
 def draw(seed: int, *key: object) -> float:
@@ -126,42 +98,18 @@ def request_fires(
     return True
 
 
-def _none_first(value: int | None) -> int:
-    return -1 if value is None else value
-
-
-def read_firings(log_path: Path) -> list[FaultFiring]:
-    """Every firing logged to ``log_path`` (none if it does not exist), in a deterministic order.
-
-    Sorted by rollout, attempt, turn, fault and detail (unknown coordinates first), then ``at_s``, so
-    two runs of a scenario list the same firings in the same order whatever the scheduling.
-    """
-    firings = [FaultFiring(**record) for record in read_json_lines(log_path)]
-    return sorted(
-        firings,
-        key=lambda f: (
-            _none_first(f.rollout),
-            _none_first(f.attempt),
-            _none_first(f.turn),
-            f.fault,
-            f.detail,
-            f.at_s,
-        ),
-    )
-
-
 class FaultPlan:
-    """A scenario's faults, the decisions of when they fire, and the log of their firings.
+    """A scenario's faults, the decisions of when they fire, and where their firings are reported.
 
-    Picklable, so it crosses into isolated env workers; every process appends to the same log.
+    Picklable, so it crosses into isolated env workers, whose firings reach the same recorder.
     ``nth_call`` counters are per process (and start at 0 in an unpickled copy): in isolated workers,
     where each env has its own process, target with rollouts, turns or probability instead.
 
     Args:
         faults: The scenario's faults; a fault's index in this sequence is its identity (logs, seeds).
         seed: The scenario's seed, from which every ``probability`` draw derives.
-        log_path: The JSON-lines file firings are appended to (created on the first firing).
-        start: ``time.time()`` when the faulted run started; firings are logged as offsets from it.
+        events: Where firings are reported (the run's recorder); their times are offsets from its
+            ``start``. None reports none (the plan then only decides).
         exceptions: The class each ``raise`` fault raises, by the fault's index, as the scenario's
             compiled form resolved it (``CompiledScenario.exceptions``); nothing is resolved again here.
 
@@ -172,8 +120,7 @@ class FaultPlan:
     Example:
         >>> from harness.scenario.spec import EnvFault, Targeting
         >>> plan = FaultPlan([EnvFault(target="env", kind="raise", when=Targeting(turns=[1]))],
-        ...                  seed=0, log_path=Path("/dev/null"), start=time.time(),
-        ...                  exceptions={0: RuntimeError})
+        ...                  seed=0, exceptions={0: RuntimeError})
         >>> plan.fires(0, rollout=3, attempt=0, turn=1), plan.fires(0, rollout=3, attempt=0, turn=0)
         (True, False)
     """
@@ -182,14 +129,13 @@ class FaultPlan:
         self,
         faults: Sequence[Fault],
         seed: int,
-        log_path: Path,
-        start: float,
+        events: RunEvents | None = None,
         exceptions: Mapping[int, type[BaseException]] | None = None,
     ) -> None:
         self.faults: tuple[Fault, ...] = tuple(faults)
         self.seed = seed
-        self.log_path = Path(log_path)
-        self.start = start
+        self.events = events
+        self.start = events.start if events is not None else time.time()
         self._exceptions = dict(exceptions or {})
         self._calls: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -279,7 +225,7 @@ class FaultPlan:
     def record(
         self, fault_index: int, *, rollout: int | None, attempt: int | None, turn: int | None, detail: str
     ) -> FaultFiring:
-        """Log that fault ``fault_index`` fired, and return the record."""
+        """Report that fault ``fault_index`` fired, and return the record."""
         fault = self.faults[fault_index]
         firing = FaultFiring(
             fault=fault_index,
@@ -291,13 +237,10 @@ class FaultPlan:
             detail=detail,
             at_s=time.time() - self.start,
         )
-        self.log(firing)
+        self.report(firing)
         return firing
 
-    def log(self, firing: FaultFiring) -> None:
-        """Append ``firing`` to the log (for injectors that build their own record, as the proxy does)."""
-        append_json_line(self.log_path, dataclasses.asdict(firing))
-
-    def firings(self) -> list[FaultFiring]:
-        """Every firing logged so far, by any process, in ``read_firings`` order."""
-        return read_firings(self.log_path)
+    def report(self, firing: FaultFiring) -> None:
+        """Report ``firing`` (for injectors that build their own record, as the proxy does)."""
+        if self.events is not None:
+            self.events.fired(firing)

@@ -36,17 +36,19 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from gym_resilience.lifecycle import Service
 from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, parse_rollout_header
-from harness.faults.plan import FaultFiring, FaultPlan, connection_fires, request_fires
+from harness.faults.events import FaultFiring
+from harness.faults.injectors import check_table
+from harness.faults.plan import FaultPlan, connection_fires, request_fires
 from harness.scenario.spec import NetworkFault
 
-__all__ = ["FaultProxy", "RequestHead", "parse_request_head"]
+__all__ = ["NETWORK_INJECTORS", "FaultProxy", "NetworkInjector", "RequestHead", "parse_request_head"]
 
 _CHUNK = 64 * 1024
 
@@ -82,7 +84,8 @@ class FaultProxy(Service):
         upstream: ``(host, port)`` or a URL (``http://127.0.0.1:8000/v1``); the host must be loopback.
         faults: ``(index in the scenario, fault)`` pairs; the first one, in this order, whose targeting
             picks a connection applies to it.
-        plan: Where firings are logged (``plan.log``); None logs none (``firings`` still lists them).
+        plan: Where firings are reported (``plan.report``); None reports none (``firings`` still lists
+            them).
         seed: Seeds ``probability`` draws; defaults to the plan's seed, else 0.
 
     Attributes:
@@ -232,7 +235,6 @@ class FaultProxy(Service):
         return None
 
     def _fired(self, index: int, fault: NetworkFault, where: str, identity: RolloutIdentity | None) -> None:
-        what = {"latency": f"latency {fault.latency_s:g} s", "reset_peer": "reset", "timeout": "timeout"}
         start = self.plan.start if self.plan is not None else self._started
         identity = identity or RolloutIdentity()
         firing = FaultFiring(
@@ -242,11 +244,11 @@ class FaultProxy(Service):
             rollout=identity.rollout,
             attempt=identity.attempt,
             turn=identity.turn,
-            detail=f"{fault.link} {where}: {what[fault.kind]}",
+            detail=f"{fault.link} {where}: {NETWORK_INJECTORS[fault.kind].what(fault)}",
             at_s=time.time() - start,
         )
         if self.plan is not None:
-            self.plan.log(firing)
+            self.plan.report(firing)
         self.firings.append(firing)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -269,13 +271,7 @@ class FaultProxy(Service):
                 return
             index, fault = chosen
             self._fired(index, fault, f"connection {connection}", None)
-            if fault.kind == "latency":
-                reset = await self._forward(reader, writer, _Delay(fault.latency_s), _pump)
-            elif fault.kind == "reset_peer":
-                await reader.read(_CHUNK)
-                reset = True
-            else:  # timeout: swallow the request, never answer
-                await _discard(reader)
+            reset = await NETWORK_INJECTORS[fault.kind].on_connection(self, reader, writer, fault)
         except (OSError, _ResetClient):
             reset = True
         finally:
@@ -373,13 +369,7 @@ class FaultProxy(Service):
             return True
         index, fault = chosen
         self._fired(index, fault, where, identity)
-        if fault.kind == "reset_peer":
-            raise _ResetClient
-        if fault.kind == "timeout":
-            await _discard(reader)
-            return False
-        delay.s = fault.latency_s
-        return True
+        return await NETWORK_INJECTORS[fault.kind].on_request(reader, delay, fault)
 
 
 class _ResetClient(Exception):
@@ -394,6 +384,61 @@ class _Delay:
 
 
 _Pump = Callable[[asyncio.StreamReader, asyncio.StreamWriter, _Delay], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class NetworkInjector:
+    """What a network fault kind does: to a whole connection (``nth_connection``; True: reset the
+    client's side), and to one request (False: forward nothing more), and how a firing describes it."""
+
+    what: Callable[[NetworkFault], str]
+    on_connection: Callable[
+        [FaultProxy, asyncio.StreamReader, asyncio.StreamWriter, NetworkFault], Awaitable[bool]
+    ]
+    on_request: Callable[[asyncio.StreamReader, _Delay, NetworkFault], Awaitable[bool]]
+
+
+async def _latent_connection(
+    proxy: FaultProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fault: NetworkFault
+) -> bool:
+    return await proxy._forward(reader, writer, _Delay(fault.latency_s), _pump)
+
+
+async def _latent_request(reader: asyncio.StreamReader, delay: _Delay, fault: NetworkFault) -> bool:
+    delay.s = fault.latency_s
+    return True
+
+
+async def _reset_connection(
+    proxy: FaultProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fault: NetworkFault
+) -> bool:
+    await reader.read(_CHUNK)  # the client has sent its request: a reset mid-request
+    return True
+
+
+async def _reset_request(reader: asyncio.StreamReader, delay: _Delay, fault: NetworkFault) -> bool:
+    raise _ResetClient
+
+
+async def _silent_connection(
+    proxy: FaultProxy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, fault: NetworkFault
+) -> bool:
+    await _discard(reader)  # swallow the request, never answer
+    return False
+
+
+async def _silent_request(reader: asyncio.StreamReader, delay: _Delay, fault: NetworkFault) -> bool:
+    await _discard(reader)
+    return False
+
+
+NETWORK_INJECTORS: Final[Mapping[str, NetworkInjector]] = {
+    "latency": NetworkInjector(lambda f: f"latency {f.latency_s:g} s", _latent_connection, _latent_request),
+    "reset_peer": NetworkInjector(lambda f: "reset", _reset_connection, _reset_request),
+    "timeout": NetworkInjector(lambda f: "timeout", _silent_connection, _silent_request),
+}
+"""What each network fault kind does to the connection or request it hits."""
+check_table("network", NETWORK_INJECTORS)
 
 
 @dataclass(frozen=True, slots=True)

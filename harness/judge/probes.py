@@ -182,7 +182,7 @@ REGISTRY: Final[tuple[ProbeDefinition, ...]] = (
     ProbeDefinition(
         "envs_unclosed",
         "envs created but never closed, over both runs (must be 0 for `BatchRunner`)",
-        lambda runs: runs.baseline.envs_unclosed + runs.faulted.envs_unclosed,
+        lambda runs: runs.baseline.recording.envs_unclosed + runs.faulted.recording.envs_unclosed,
     ),
     ProbeDefinition(
         "identical_to_baseline",
@@ -248,7 +248,9 @@ REGISTRY: Final[tuple[ProbeDefinition, ...]] = (
         "requests a served engine moved to another endpoint",
         lambda runs: runs.faulted.failovers,
     ),
-    ProbeDefinition("faults_fired", "times any fault fired", lambda runs: len(runs.faulted.firings)),
+    ProbeDefinition(
+        "faults_fired", "times any fault fired", lambda runs: len(runs.faulted.recording.firings)
+    ),
     ProbeDefinition(
         "masked_groups",
         "groups whose loss masks the `mask_group` policy zeroed (group-relative advantages)",

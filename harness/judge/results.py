@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from harness.faults.plan import FaultFiring
+from harness.faults.events import FaultFiring
 from harness.run.endpoints import EndpointSpan
 from harness.run.outcome import ClusterNode
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gym_resilience import RunnerConfig, describe_exception, root_cause
-from harness.faults.plan import FaultFiring
+from harness.faults.events import FaultFiring
 from harness.judge.compare import compare_outputs
 from harness.judge.probes import Runs, observations
 from harness.judge.results import ProbeResult, ScenarioResult
@@ -89,7 +89,7 @@ def judge(
             comparison=comparison,
             num_prompts=len(scenario.tasks) * config.n_samples_per_prompt,
             step_wise=config.step_wise,
-            injected_latency_s=_latency_per_rollout(scenario, faulted.firings),
+            injected_latency_s=_latency_per_rollout(scenario, faulted.recording.firings),
         ),
         [p.probe for p in scenario.spec.probes],
     )
@@ -106,11 +106,10 @@ def judge(
         )
         for p in scenario.spec.probes
     ]
-    index_of = scenario.index_of
     result.probes = probes
-    result.firings = faulted.firings
-    result.rollouts = rollout_records(faulted, n_rollouts, index_of, samples)
-    result.baseline_rollouts = rollout_records(baseline, n_rollouts, index_of, samples)
+    result.firings = faulted.recording.firings
+    result.rollouts = rollout_records(faulted, n_rollouts)
+    result.baseline_rollouts = rollout_records(baseline, n_rollouts)
     result.attempts = attempt_records(faulted)
     result.baseline_attempts = attempt_records(baseline)
     result.nodes = faulted.nodes or baseline.nodes
@@ -153,8 +152,13 @@ def _escaped(scenario: CompiledScenario, baseline: RunOutcome, faulted: RunOutco
 
 def _env_faults_unreachable(scenario: CompiledScenario, faulted: RunOutcome) -> bool:
     env_faults = {index for index, fault in enumerate(scenario.faults) if isinstance(fault, EnvFault)}
-    fired = any(firing.fault in env_faults for firing in faulted.firings)
-    return scenario.pipeline is not None and bool(env_faults) and not fired and faulted.envs_created == 0
+    fired = any(firing.fault in env_faults for firing in faulted.recording.firings)
+    return (
+        scenario.pipeline is not None
+        and bool(env_faults)
+        and not fired
+        and faulted.recording.envs_created == 0
+    )
 
 
 async def run_scenario(scenario: CompiledScenario, bench: Bench) -> ScenarioResult:

@@ -4,14 +4,22 @@ The journal is ``RunJournal.to_json()`` with sorted keys, so a diff of two journ
 and nothing else. ``comparable_journal`` drops the measurements (every ``*_s`` field, ``started_at``,
 and the observed value of timing probes such as ``wall_time_ratio``): running a suite twice must give
 equal comparable journals.
+
+The records of ``harness.judge.results`` are the one model of a journal. ``load_journal`` builds them
+back; ``read_journal_file`` and ``strict_journal`` read a journal a user hands over (``chaos record``)
+within bounded time and memory, and check the fields a reader names against those same records' types,
+strictly (no string for a number), with one message naming the field.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import secrets
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -29,7 +37,16 @@ from harness.judge.results import (
     TurnSpan,
 )
 
-__all__ = ["comparable_journal", "journal_from_json", "load_journal", "write_atomically", "write_journal"]
+__all__ = [
+    "comparable_journal",
+    "journal_from_json",
+    "json_type",
+    "load_journal",
+    "read_journal_file",
+    "strict_journal",
+    "write_atomically",
+    "write_journal",
+]
 
 STATUSES = get_args(Status)
 
@@ -213,3 +230,124 @@ def _to_json_value(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return sorted(value, key=repr)
     return repr(value)
+
+
+# --- Strict reading of a journal a user hands over. ---------------------------------------------------
+
+Reads = Mapping[type, Mapping[str, bool]]
+"""The fields a reader checks, per record of the journal (``RunJournal``, ``ScenarioResult``,
+``FaultFiring``, ...), each with whether it must be there; every other field is ignored."""
+
+
+def read_journal_file(path: Path, *, max_bytes: int, max_nesting: int) -> Any:
+    """The JSON of the journal at ``path``, read within bounded time and memory: at most ``max_bytes``,
+    nested at most ``max_nesting`` levels, no integer of over 100 digits.
+
+    Raises:
+        ValueError: the file is missing, too large, not a regular file, not UTF-8 or not JSON; the
+            message says which, without the path.
+    """
+    from harness.scenario.source import read_input_file
+
+    raw = read_input_file(path, max_bytes=max_bytes, what="journal")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    too_deep = f"not a chaos journal: the JSON nests deeper than {max_nesting} levels"
+    try:
+        data = json.loads(text, parse_int=_json_int)
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    except ValueError as exc:
+        raise ValueError(f"not a chaos journal: invalid JSON: {exc}") from None
+    if _nested_deeper_than(data, max_nesting):
+        raise ValueError(too_deep)
+    return data
+
+
+def strict_journal(data: Any, reads: Reads) -> Any:
+    """``data`` checked, strictly, against the journal's records, field by field as ``reads`` names them.
+
+    The result has the named fields of each record as attributes (a ``RunJournal``'s ``scenarios``, a
+    scenario's ``firings``, ...), with the records' own types: a fault index or a rollout is a
+    non-negative integer, a file a string.
+
+    Raises:
+        ValueError: ``data`` is not such a journal: ``not a chaos journal: FIELD: what was expected``.
+    """
+    from pydantic import ValidationError
+
+    from harness.scenario.messages import field_path
+
+    if not isinstance(data, dict):
+        raise ValueError(f"not a chaos journal: expected a JSON object at the top, got {json_type(data)}")
+    try:
+        return _strict_model(RunJournal, _frozen(reads)).model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = field_path(error["loc"])
+        if error["type"] == "missing":
+            message = "missing field"
+        elif error["type"] in ("model_type", "dict_type"):
+            message = f"expected an object, got {json_type(error['input'])}"
+        else:
+            message = f"{error['msg'][0].lower()}{error['msg'][1:]}, got {json_type(error['input'])}"
+        raise ValueError(f"not a chaos journal: {where}: {message}") from None
+
+
+def _frozen(reads: Reads) -> tuple[tuple[type, tuple[tuple[str, bool], ...]], ...]:
+    return tuple((record, tuple(fields.items())) for record, fields in reads.items())
+
+
+@functools.cache
+def _strict_model(record: type, reads: tuple[tuple[type, tuple[tuple[str, bool], ...]], ...]) -> Any:
+    """A strict pydantic model of the dataclass ``record``: the fields ``reads`` names, with the types the
+    dataclass declares (a record ``reads`` names in turn becomes its own model). Made on first use, so
+    this module imports without pydantic."""
+    from pydantic import ConfigDict, create_model
+
+    fields_of = dict(reads)
+    hints = typing.get_type_hints(record, include_extras=True)
+    declared = {field.name: field for field in dataclasses.fields(record)}
+    model_fields: dict[str, Any] = {}
+    for name, required in fields_of[record]:
+        hint = hints[name]
+        if typing.get_origin(hint) is list and typing.get_args(hint)[0] in fields_of:
+            hint = list[_strict_model(typing.get_args(hint)[0], reads)]  # type: ignore[misc]
+        model_fields[name] = (hint, ... if required else _default(declared[name]))
+    config = ConfigDict(extra="ignore", strict=True)
+    return create_model(record.__name__, __config__=config, **model_fields)
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """A field's default where a reader may leave it out: the record's own, else None."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def json_type(value: Any) -> str:
+    """What a JSON value is, in words (``an object``, ``a list``, ``null``, ...), for messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _json_int(text: str) -> int:
+    """An integer of the journal; thousands of digits are refused before ``int()`` spends time on them."""
+    if len(text) > 100:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return False

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gym_resilience import (
@@ -37,14 +35,14 @@ from gym_resilience.task_gen import tool_env_factory, word_game_factory
 from harness.faults.engine import FaultyEngine
 from harness.faults.env import FaultyEnvFactory
 from harness.faults.nodes import NodeKiller
-from harness.faults.plan import FaultPlan, read_firings
+from harness.faults.plan import FaultPlan
 from harness.faults.proxy import FaultProxy
-from harness.faults.spans import SpanLog
 from harness.run.bench import Bench
 from harness.run.clustered import cluster_for, placed
 from harness.run.endpoints import EndpointWatch
-from harness.run.ledger import EnvLedger
-from harness.run.outcome import ClusterNode, RunOutcome
+from harness.run.ledger import LedgeredFactory
+from harness.run.outcome import ClusterNode, RolloutEnds, RunOutcome
+from harness.run.recorder import Recorder
 from harness.scenario.compile import CompiledScenario
 
 if TYPE_CHECKING:
@@ -132,11 +130,14 @@ def _exits_contained(exits: list[BaseException]) -> Iterator[None]:
         loop.set_task_factory(previous)
 
 
-def _normalise(produced: Any) -> tuple[list[AnyTrajectory] | None, BatchOutput]:
-    if isinstance(produced, BatchOutput):
-        return None, produced
-    trajectories = list(produced)
-    return trajectories, build_batch_output(trajectories)
+def _normalise(
+    produced: Any, scenario: CompiledScenario
+) -> tuple[list[AnyTrajectory] | None, BatchOutput, RolloutEnds]:
+    trajectories = None if isinstance(produced, BatchOutput) else list(produced)
+    output = produced if trajectories is None else build_batch_output(trajectories)
+    # A pipeline's rollouts have no index from a runner: one per task, by the task's index.
+    ends = RolloutEnds.of_pipeline(trajectories or [], output, scenario.index_of, samples=1)
+    return trajectories, output, ends
 
 
 @contextlib.asynccontextmanager
@@ -178,25 +179,37 @@ async def run_batch(
     *,
     config: RunnerConfig,
     with_faults: bool,
-    workdir: Path,
     cluster: LocalCluster | None = None,
 ) -> RunOutcome:
     """Run the scenario's batch once, with or without its faults; never raises what the batch raised.
 
-    ``cluster`` is the scenario's Ray cluster, whose nodes ``kill_node`` faults remove.
+    ``cluster`` is the scenario's Ray cluster, whose nodes ``kill_node`` faults remove. What the run's
+    injectors and envs report goes to one :class:`Recorder`, whose recording the outcome carries.
     """
-    label = "faulted" if with_faults else "baseline"
+    with Recorder() as recorder:
+        return await _run_recorded(
+            scenario, bench, recorder, config=config, with_faults=with_faults, cluster=cluster
+        )
+
+
+async def _run_recorded(
+    scenario: CompiledScenario,
+    bench: Bench,
+    recorder: Recorder,
+    *,
+    config: RunnerConfig,
+    with_faults: bool,
+    cluster: LocalCluster | None,
+) -> RunOutcome:
     plan = FaultPlan(
         scenario.faults if with_faults else [],
         seed=scenario.spec.seed,
-        log_path=workdir / f"{label}-firings.jsonl",
-        start=time.time(),
+        events=recorder,
         exceptions=scenario.exceptions if with_faults else None,
     )
-    spans = SpanLog(workdir / f"{label}-spans.jsonl", start=plan.start)
-    ledger = EnvLedger(workdir / f"{label}-envs.jsonl")
     tasks = list(scenario.tasks)
     interrupts = with_faults and scenario.interrupts
+    ends = RolloutEnds()
     with contextlib.ExitStack() as stack:
         tool_url = None
         if scenario.spec.batch.env == "tool_use":
@@ -204,11 +217,12 @@ async def run_batch(
             tool_faults = plan.network_faults("tool")
             if tool_faults:
                 tool_url = stack.enter_context(FaultProxy(tool_url, tool_faults, plan)).url
-        factory = ledger.factory(
-            FaultyEnvFactory(_base_factory(scenario, tool_url), plan, scenario.index_of, spans)
+        factory = LedgeredFactory(
+            FaultyEnvFactory(_base_factory(scenario, tool_url), plan, scenario.index_of, events=recorder),
+            recorder,
         )
         async with _engine_for(scenario, bench, stack, plan) as (engine, kill, failovers, watch):
-            faulty = FaultyEngine(engine, plan, kill=kill, spans=spans)
+            faulty = FaultyEngine(engine, plan, kill=kill, events=recorder)
             before = failovers()
             start = time.perf_counter()
             trajectories: list[AnyTrajectory] | None = None
@@ -219,16 +233,17 @@ async def run_batch(
             exits: list[BaseException] = []
             workers = cluster.worker_node_ids() if cluster is not None else []
             if cluster is not None:
-                stack.enter_context(NodeKiller(plan, spans, cluster))
+                stack.enter_context(NodeKiller(plan, recorder, cluster))
             try:
                 if scenario.pipeline is not None:
                     with _exits_contained(exits):
                         produced = await scenario.pipeline(tasks, factory, faulty)
-                    trajectories, output = _normalise(produced)
+                    trajectories, output, ends = _normalise(produced, scenario)
                 else:
                     result = await BatchRunner(faulty, factory, config).generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
                     attempts = list(result.attempts)
+                    ends = RolloutEnds.of_batch(result)
             except BaseException as exc:
                 if not _raised_by_the_run(exc, interrupts):
                     raise
@@ -243,7 +258,7 @@ async def run_batch(
     nodes: list[ClusterNode] = []
     if cluster is not None:
         actors_alive = _settled(lambda: len(cluster.alive_actors()))
-        envs_unclosed = _settled(ledger.unclosed)
+        envs_unclosed = _settled(recorder.envs_unclosed)
         left = set(cluster.worker_node_ids())
         nodes = [ClusterNode(cluster.head_node_id, "head")]
         nodes += [ClusterNode(node, f"worker {i}", node not in left) for i, node in enumerate(workers)]
@@ -253,10 +268,8 @@ async def run_batch(
         metrics=metrics,
         error=error,
         wall_s=wall_s,
-        envs_created=ledger.created(),
-        envs_unclosed=ledger.unclosed() if envs_unclosed is None else envs_unclosed,
-        firings=read_firings(plan.log_path),
-        spans=spans.read(),
+        recording=recorder.recording(envs_unclosed=envs_unclosed),
+        ends=ends,
         failovers=moved,
         end_s=end_s,
         endpoints=endpoints,
@@ -274,17 +287,13 @@ async def run_both(scenario: CompiledScenario, bench: Bench) -> tuple[RunnerConf
     tokens can be told from a real difference (``harness.judge.compare``).
     """
     config = dataclasses.replace(scenario.config, temperature=0.0, logprobs=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="gym-resilience-chaos-") as tmp,
-        cluster_for(scenario) as cluster,
-    ):
+    with cluster_for(scenario) as cluster:
         runs = {
             with_faults: await run_batch(
                 scenario,
                 bench,
                 config=placed(config, scenario, cluster),
                 with_faults=with_faults,
-                workdir=Path(tmp),
                 cluster=cluster,
             )
             for with_faults in (False, True)

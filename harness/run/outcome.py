@@ -1,15 +1,76 @@
-"""What one run of a scenario's batch left: its output or error, the firings, spans and env counts."""
+"""What one run of a scenario's batch left: its output or error, its recording (firings, spans, env
+counts), and the end of each rollout, keyed by the rollout index the runner gave it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from gym_resilience import AnyTrajectory, AttemptRecord, BatchOutput
-from harness.faults.plan import FaultFiring
-from harness.faults.spans import Span
+from gym_resilience import AnyTrajectory, AttemptRecord, BatchOutput, BatchResult, StepWiseTrajectory
 from harness.run.endpoints import EndpointSpan
+from harness.run.recorder import Recording
 
-__all__ = ["ClusterNode", "RunOutcome"]
+__all__ = ["ClusterNode", "RolloutEnds", "RunOutcome"]
+
+
+@dataclass(frozen=True)
+class RolloutEnds:
+    """How the rollouts of a run ended, by rollout index: which ones a placeholder stands in for, and
+    ``Type: message`` (the message ends with the root cause) of each one's failure record."""
+
+    placeholders: frozenset[int] = frozenset()
+    failures: Mapping[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def of_batch(cls, result: BatchResult) -> RolloutEnds:
+        """From ``BatchRunner``'s own records: a placeholder stands in for each of its failures."""
+        described = {failure.rollout_index: failure.describe() for failure in result.failures}
+        return cls(
+            placeholders=frozenset(described),
+            failures={index: f"{d.error_type}: {d.message}" for index, d in described.items()},
+        )
+
+    @classmethod
+    def of_pipeline(
+        cls,
+        trajectories: Sequence[AnyTrajectory],
+        output: BatchOutput,
+        index_of: Mapping[str, int],
+        samples: int,
+    ) -> RolloutEnds:
+        """From what a user pipeline returned, where no runner gave rollout indices: a row's rollout is
+        ``task index x samples + repetition`` by its trajectory id, or its position in the batch when it
+        has none (a step-wise rollout's rows end at ``is_last_step``)."""
+        placeholders = set()
+        position = 0
+        for row in range(len(output)):
+            trajectory_id = output.trajectory_ids[row] if row < len(output.trajectory_ids) else None
+            if output.is_placeholder[row]:
+                placeholders.add(_rollout_of(trajectory_id, position, index_of, samples))
+            last = output.is_last_step[row] if output.is_last_step is not None else True
+            position += 1 if last else 0
+        failures: dict[int, str] = {}
+        for position, trajectory in enumerate(trajectories):
+            steps = trajectory.steps if isinstance(trajectory, StepWiseTrajectory) else [trajectory]
+            failure = next((step.failure for step in steps if step.failure is not None), None)
+            if failure is not None:
+                rollout = _rollout_of(trajectory.trajectory_id, position, index_of, samples)
+                failures[rollout] = f"{failure.error_type}: {failure.message}"
+        return cls(placeholders=frozenset(placeholders), failures=failures)
+
+
+def _rollout_of(trajectory_id: Any, fallback: int, index_of: Mapping[str, int], samples: int) -> int:
+    instance_id = getattr(trajectory_id, "instance_id", None)
+    repetition = getattr(trajectory_id, "repetition", 0)
+    if (
+        isinstance(instance_id, str)
+        and instance_id in index_of
+        and isinstance(repetition, int)
+        and 0 <= repetition < samples
+    ):
+        return index_of[instance_id] * samples + repetition
+    return fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +93,10 @@ class RunOutcome:
     metrics: dict[str, float]
     error: BaseException | None
     wall_s: float
-    envs_created: int
-    envs_unclosed: int
-    firings: list[FaultFiring] = field(default_factory=list)
-    spans: list[Span] = field(default_factory=list)
+    recording: Recording = field(default_factory=Recording)
+    """The run's firings, spans and env counts."""
+    ends: RolloutEnds = field(default_factory=RolloutEnds)
+    """Which rollouts a placeholder stands in for and why they failed; empty when the batch raised."""
     failovers: int = 0
     end_s: float | None = None
     endpoints: list[EndpointSpan] = field(default_factory=list)

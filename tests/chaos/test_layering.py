@@ -11,8 +11,8 @@ import pytest
 
 HARNESS = Path(__file__).resolve().parents[2] / "harness"
 STAGES = ("scenario", "faults", "run", "judge", "reports", "cli")
-TOP_LEVEL = {"__init__", "pytest_plugin", "jsonlines", "errors", "cluster", "netns"}
-BASE = ("jsonlines", "errors")
+TOP_LEVEL = {"__init__", "pytest_plugin", "errors", "cluster", "netns"}
+BASE = ("errors",)
 """Top-level modules every stage may import: they import no stage themselves."""
 
 

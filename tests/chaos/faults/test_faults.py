@@ -37,11 +37,10 @@ from harness.faults import (
     FaultyEngine,
     FaultyEnv,
     FaultyEnvFactory,
-    SpanLog,
-    read_firings,
 )
 from harness.judge.results import FaultFiring
 from harness.judge.rollouts import build_rollout_spans
+from harness.run.recorder import Recorder
 from harness.scenario.names import resolve_exception
 from harness.scenario.spec import EngineFault, EnvFault, Fault, Targeting
 
@@ -65,8 +64,17 @@ def make_plan(tmp_path: Path, *faults: Fault, seed: int = 0) -> FaultPlan:
         for index, fault in enumerate(faults)
         if isinstance(fault, EnvFault | EngineFault) and fault.kind == "raise"
     }
-    log_path = tmp_path / "firings.jsonl"
-    return FaultPlan(list(faults), seed=seed, log_path=log_path, start=time.time(), exceptions=exceptions)
+    return FaultPlan(list(faults), seed=seed, events=Recorder(tmp_path), exceptions=exceptions)
+
+
+def recorder(plan: FaultPlan) -> Recorder:
+    """The recorder ``make_plan`` gave the plan: what its firings and the spans given it were reported to."""
+    assert isinstance(plan.events, Recorder)
+    return plan.events
+
+
+def firings_of(plan: FaultPlan) -> list[FaultFiring]:
+    return recorder(plan).firings()
 
 
 async def run_batch(
@@ -76,11 +84,11 @@ async def run_batch(
     n: int = 4,
     ledger: EnvCounts | None = None,
     engine: Any = None,
-    spans: SpanLog | None = None,
+    events: Recorder | None = None,
 ) -> Any:
     batch = tasks(n)
     env_factory = FaultyEnvFactory(
-        factory(ledger or EnvCounts()), plan, {t.instance_id: i for i, t in enumerate(batch)}, spans=spans
+        factory(ledger or EnvCounts()), plan, {t.instance_id: i for i, t in enumerate(batch)}, events=events
     )
     return await BatchRunner(engine or ScriptedEngine(), env_factory, config).generate(batch)
 
@@ -166,13 +174,13 @@ def test_a_plan_pickles_and_its_copy_counts_nth_calls_afresh(tmp_path: Path) -> 
     copy = pickle.loads(pickle.dumps(plan))
     assert not plan.fires(0, rollout=0, attempt=0, turn=0)
     assert copy.fires(0, rollout=0, attempt=0, turn=0)
-    assert copy.log_path == plan.log_path and copy.faults == plan.faults
+    assert copy.events == recorder(plan).channel and copy.faults == plan.faults
 
 
 def test_a_raise_fault_without_its_exception_class_is_refused_when_the_plan_is_built(tmp_path: Path) -> None:
     faults = [env_fault("delay"), engine_fault(exception="TimeoutError")]
     with pytest.raises(UnsupportedConfigError) as info:
-        FaultPlan(faults, seed=0, log_path=tmp_path / "f.jsonl", start=time.time(), exceptions={})
+        FaultPlan(faults, seed=0, exceptions={})
     assert info.value.option == "faults[1].exception"
     assert str(info.value) == (
         "faults[1].exception: no exception class for the raise fault 'TimeoutError': give the classes the "
@@ -185,16 +193,14 @@ def test_a_raise_fault_raises_the_class_it_was_given_without_resolving_its_name(
         pass
 
     fault = env_fault(exception="NotAName", message="sandbox gone")
-    plan = FaultPlan(
-        [fault], seed=0, log_path=tmp_path / "f.jsonl", start=time.time(), exceptions={0: SandboxGone}
-    )
+    plan = FaultPlan([fault], seed=0, exceptions={0: SandboxGone})
     error = plan.exception(0)
     assert type(error) is SandboxGone
     assert str(error) == "sandbox gone"
     assert error.__notes__ == ["injected by chaos fault 0"]
 
 
-# --- The shared firing log. ---------------------------------------------------------------------------
+# --- The recorder: firings and spans from threads and worker processes. -----------------------------------
 
 _WORKER = """
 import pickle, sys
@@ -213,13 +219,15 @@ env.close()
 
 
 @pytest.mark.slow
-def test_firings_from_two_threads_and_a_worker_process_all_read_back_in_order(tmp_path: Path) -> None:
+def test_firings_from_two_threads_and_a_worker_process_all_reach_the_recorder_in_order(
+    tmp_path: Path,
+) -> None:
     plan = make_plan(
         tmp_path, env_fault(exception="ConnectionResetError", message="gone", when={"turns": [1]})
     )
-    spans = SpanLog(tmp_path / "spans.jsonl", plan.start)
+    spans = recorder(plan)
     pickled = tmp_path / "factory.pickle"
-    pickled.write_bytes(pickle.dumps(FaultyEnvFactory(word_game_factory, plan, spans=spans)))
+    pickled.write_bytes(pickle.dumps(FaultyEnvFactory(word_game_factory, plan, events=spans)))
 
     def log_many(rollout: int) -> None:
         for turn in range(200):
@@ -235,7 +243,7 @@ def test_firings_from_two_threads_and_a_worker_process_all_read_back_in_order(tm
         thread.join()
     assert worker.returncode == 0, worker.stderr
     assert worker.stdout == "raised gone\n"
-    firings = read_firings(plan.log_path)
+    firings = firings_of(plan)
     assert len(firings) == 401
     assert [(f.rollout, f.turn) for f in firings[:400]] == [(r, t) for r in (1, 2) for t in range(200)]
     assert firings[-1] == FaultFiring(
@@ -249,7 +257,7 @@ def test_firings_from_two_threads_and_a_worker_process_all_read_back_in_order(tm
         at_s=firings[-1].at_s,
     )
     assert 0 < firings[-1].at_s < 60
-    timeline = build_rollout_spans(spans, 6)[5].spans
+    timeline = build_rollout_spans(spans.spans(), 6)[5].spans
     assert [(s.kind, s.turn, s.attempt, s.failed) for s in timeline] == [
         ("reset", None, 1, False),
         ("step", 0, 1, False),
@@ -267,7 +275,7 @@ async def test_isolated_env_workers_take_the_rollout_from_reset_options_and_a_ha
         env_fault(exception="ConnectionResetError", when={"rollouts": [1], "turns": [0]}),
         env_fault("hang", when={"rollouts": [2], "turns": [1]}),
     )
-    spans = SpanLog(tmp_path / "spans.jsonl", plan.start)
+    spans = recorder(plan)
     batch = generate_tasks(3, seed=0)
     env_factory = FaultyEnvFactory(word_game_factory, plan, {}, spans)  # no fallback: options must say
     config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, max_turns=3, env_step_timeout_s=0.5)
@@ -276,11 +284,11 @@ async def test_isolated_env_workers_take_the_rollout_from_reset_options_and_a_ha
     assert sorted(failures) == [1, 2]
     assert isinstance(failures[1].exception.__cause__, ConnectionResetError)
     assert isinstance(failures[2].exception, TimeoutError) and failures[2].turn == 1
-    assert [(f.rollout, f.attempt, f.turn, f.detail) for f in read_firings(plan.log_path)] == [
+    assert [(f.rollout, f.attempt, f.turn, f.detail) for f in firings_of(plan)] == [
         (1, 0, 0, "step raised ConnectionResetError: injected fault"),
         (2, 0, 1, "step hung"),
     ]
-    hung = build_rollout_spans(spans, 3, until_s=time.time() - plan.start)[2].spans
+    hung = build_rollout_spans(spans.spans(), 3, until_s=time.time() - plan.start)[2].spans
     assert [(s.kind, s.turn, s.failed) for s in hung] == [
         ("reset", None, False),
         ("step", 0, False),
@@ -289,8 +297,10 @@ async def test_isolated_env_workers_take_the_rollout_from_reset_options_and_a_ha
     assert hung[-1].end_s - hung[-1].start_s >= 0.5
 
 
-def test_reading_a_log_that_was_never_written_gives_no_firings(tmp_path: Path) -> None:
-    assert read_firings(tmp_path / "nothing.jsonl") == []
+def test_a_recorder_that_was_never_reported_to_has_an_empty_recording(tmp_path: Path) -> None:
+    with Recorder(tmp_path) as empty:
+        assert (empty.firings(), empty.spans(), empty.envs_created(), empty.envs_unclosed()) == ([], [], 0, 0)
+    assert list(tmp_path.iterdir()) == []  # its channel file is gone with it
 
 
 # --- FaultyEnv in real batches. -------------------------------------------------------------------------
@@ -308,7 +318,7 @@ async def test_an_env_raise_fault_fails_the_targeted_rollout_at_its_turn_and_onl
     assert isinstance(failure.exception.__cause__, ConnectionResetError)
     assert str(failure.exception.__cause__) == "injected fault"
     assert failure.exception.__cause__.__notes__ == ["injected by chaos fault 0"]
-    assert [(f.rollout, f.attempt, f.turn, f.detail) for f in read_firings(plan.log_path)] == [
+    assert [(f.rollout, f.attempt, f.turn, f.detail) for f in firings_of(plan)] == [
         (1, 0, 1, "step raised ConnectionResetError: injected fault")
     ]
     assert ledger.open == 0
@@ -324,7 +334,7 @@ async def test_with_no_fault_firing_a_batch_through_the_wrappers_equals_the_plai
     assert [without_timings(t) for t in wrapped.trajectories] == [
         without_timings(t) for t in plain.trajectories
     ]
-    assert read_firings(plan.log_path) == []
+    assert firings_of(plan) == []
 
 
 async def test_a_fault_on_attempt_zero_only_is_survived_by_a_retry(tmp_path: Path) -> None:
@@ -335,7 +345,7 @@ async def test_a_fault_on_attempt_zero_only_is_survived_by_a_retry(tmp_path: Pat
     retry = RetryPolicy(attempts=2, initial_delay_s=0.0, max_delay_s=0.0, jitter_s=0.0)
     result = await run_batch(plan, RunnerConfig(skip_failed_rollouts=True, max_turns=2, retry=retry))
     assert result.failures == []
-    assert [(f.rollout, f.attempt, f.turn) for f in read_firings(plan.log_path)] == [(2, 0, 0)]
+    assert [(f.rollout, f.attempt, f.turn) for f in firings_of(plan)] == [(2, 0, 0)]
 
 
 async def test_an_interrupt_fault_propagates_keyboard_interrupt_and_every_env_is_closed(
@@ -351,7 +361,7 @@ async def test_an_interrupt_fault_propagates_keyboard_interrupt_and_every_env_is
             engine=ScriptedEngine(delay_s=0.01),
         )
     assert ledger.open == 0
-    assert [f.detail for f in read_firings(plan.log_path)] == ["step interrupted"]
+    assert [f.detail for f in firings_of(plan)] == ["step interrupted"]
 
 
 async def test_a_bad_output_reset_is_rejected_by_the_runner_with_a_clear_error(tmp_path: Path) -> None:
@@ -382,22 +392,22 @@ def test_a_delay_fault_sleeps_then_lets_the_call_through(tmp_path: Path) -> None
     started = time.perf_counter()
     assert env.reset() == ("Say something.", {})
     assert time.perf_counter() - started >= 0.1
-    assert [(f.rollout, f.attempt, f.turn, f.detail) for f in read_firings(plan.log_path)] == [
+    assert [(f.rollout, f.attempt, f.turn, f.detail) for f in firings_of(plan)] == [
         (3, 0, None, "reset delayed 0.1 s")
     ]
 
 
 def test_a_hang_fault_sleeps_past_any_deadline_and_logs_a_span_that_never_ends(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, env_fault("hang", when={"turns": [0]}))
-    spans = SpanLog(tmp_path / "spans.jsonl", plan.start)
+    spans = recorder(plan)
     SLEPT.clear()
-    env = FaultyEnv(ScriptableEnv(), plan, rollout=0, spans=spans, sleep=no_sleep)
+    env = FaultyEnv(ScriptableEnv(), plan, rollout=0, events=spans, sleep=no_sleep)
     env.reset()
     env.step("a")
     assert SLEPT == [HANG_S] and HANG_S >= 3600
-    open_spans = [s for s in spans.read() if s.end_s is None]
+    open_spans = [s for s in spans.spans() if s.end_s is None]
     assert [(s.kind, s.turn, s.failed) for s in open_spans] == [("step", 0, True)]
-    [timeline] = build_rollout_spans(spans, 1, until_s=99.0)
+    [timeline] = build_rollout_spans(spans.spans(), 1, until_s=99.0)
     assert [(s.kind, s.end_s) for s in timeline.spans if s.failed] == [("step", 99.0)]
 
 
@@ -412,9 +422,7 @@ def test_a_close_fault_raises_but_the_inner_env_is_closed_anyway(tmp_path: Path)
         env.close()
     assert str(info.value) == "disk gone"
     assert inner.close_calls == 1
-    assert [(f.turn, f.detail) for f in read_firings(plan.log_path)] == [
-        (1, "close raised OSError: disk gone")
-    ]
+    assert [(f.turn, f.detail) for f in firings_of(plan)] == [(1, "close raised OSError: disk gone")]
 
 
 def test_the_rollout_comes_from_current_rollout_then_reset_options_then_the_fallback(tmp_path: Path) -> None:
@@ -427,7 +435,7 @@ def test_the_rollout_comes_from_current_rollout_then_reset_options_then_the_fall
         env.reset(options={"rollout_index": 4, "attempt": 2})
     finally:
         _CURRENT.reset(token)
-    assert [(f.rollout, f.attempt) for f in plan.firings()] == [(4, 2), (7, 0), (9, 1)]
+    assert [(f.rollout, f.attempt) for f in firings_of(plan)] == [(4, 2), (7, 0), (9, 1)]
 
 
 def test_the_env_factory_pickles_and_maps_tasks_to_their_batch_index(tmp_path: Path) -> None:
@@ -463,7 +471,7 @@ async def test_an_engine_raise_fault_fails_the_targeted_rollout_at_generate(tmp_
     [failure] = result.failures
     assert (failure.rollout_index, failure.phase, failure.turn) == (2, "generate", 1)
     assert type(failure.exception) is TimeoutError and str(failure.exception) == "slow"
-    assert [(f.rollout, f.turn, f.detail) for f in read_firings(plan.log_path)] == [
+    assert [(f.rollout, f.turn, f.detail) for f in firings_of(plan)] == [
         (2, 1, "generate raised TimeoutError: slow")
     ]
 
@@ -480,8 +488,7 @@ async def test_engine_probability_inside_rollouts_does_not_depend_on_request_ord
                 await engine.generate([1], Sampling())
             finally:
                 _CURRENT.reset(token)
-        firings = plan.firings()
-        plan.log_path.unlink(missing_ok=True)
+        firings = firings_of(plan)
         return {(f.rollout, f.turn) for f in firings}
 
     forward, backward = await fired(grid), await fired(grid[::-1])
@@ -496,7 +503,9 @@ async def test_an_engine_delay_fault_delays_generation_then_generates(tmp_path: 
     generation = await engine.generate([1, 2, 3], Sampling())
     assert time.perf_counter() - started >= 0.1
     assert generation == await inner.generate([1, 2, 3], Sampling())
-    assert [(f.rollout, f.turn, f.detail) for f in plan.firings()] == [(None, None, "generate delayed 0.1 s")]
+    assert [(f.rollout, f.turn, f.detail) for f in firings_of(plan)] == [
+        (None, None, "generate delayed 0.1 s")
+    ]
 
 
 @pytest.mark.parametrize(("length", "kept"), [(1, 1), (2, 1), (7, 3), (16, 8)])
@@ -509,7 +518,7 @@ async def test_an_abort_keeps_half_the_tokens_at_least_one_with_matching_logprob
     plan = make_plan(tmp_path, engine_fault("abort"))
     generation = await FaultyEngine(ScriptedEngine(script), plan).generate([1], Sampling(logprobs=True))
     assert generation == Generation(list(range(10, 10 + kept)), [-0.25] * kept, "abort")
-    assert [f.detail for f in plan.firings()] == [f"generate aborted after {kept} of {length} tokens"]
+    assert [f.detail for f in firings_of(plan)] == [f"generate aborted after {kept} of {length} tokens"]
 
 
 async def test_an_aborted_turn_ends_its_rollout_with_finish_reason_abort(tmp_path: Path) -> None:
@@ -531,7 +540,7 @@ async def test_a_kill_fault_calls_kill_once_when_the_nth_request_starts(tmp_path
         await engine.generate([1, 2], Sampling())
     assert killed == [(1, 2)]  # before the third request reached the engine
     assert inner.calls == 5 and engine.requests == 5
-    assert [(f.kind, f.detail) for f in plan.firings()] == [("kill", "killed server 1 at request 2")]
+    assert [(f.kind, f.detail) for f in firings_of(plan)] == [("kill", "killed server 1 at request 2")]
 
 
 def test_a_kill_fault_without_a_kill_callback_is_rejected(tmp_path: Path) -> None:
@@ -553,12 +562,12 @@ async def test_the_faulty_engine_passes_through_the_tokenizer_and_other_attribut
 
 async def test_spans_give_each_rollout_its_calls_in_order_and_mark_the_failed_one(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, env_fault(exception="ConnectionError", when={"rollouts": [1], "turns": [1]}))
-    spans = SpanLog(tmp_path / "spans.jsonl", plan.start)
-    engine = FaultyEngine(ScriptedEngine(), plan, spans=spans)
+    spans = recorder(plan)
+    engine = FaultyEngine(ScriptedEngine(), plan, events=spans)
     await run_batch(
-        plan, RunnerConfig(skip_failed_rollouts=True, max_turns=2), n=2, engine=engine, spans=spans
+        plan, RunnerConfig(skip_failed_rollouts=True, max_turns=2), n=2, engine=engine, events=spans
     )
-    first, second = build_rollout_spans(spans, 2)
+    first, second = build_rollout_spans(spans.spans(), 2)
     assert [(s.kind, s.turn, s.failed) for s in first.spans] == [
         ("reset", None, False),
         ("generate", 0, False),

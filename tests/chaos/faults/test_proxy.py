@@ -22,6 +22,7 @@ from gym_resilience.rollout_header import ROLLOUT_HEADER, RolloutIdentity, forma
 from gym_resilience.task_gen import ToolEnvFactory, generate_tasks
 from harness.faults import FaultPlan, connection_fires, request_fires
 from harness.faults.proxy import FaultProxy, parse_request_head
+from harness.run.recorder import Recorder
 from harness.scenario.spec import ConnectionTargeting, NetworkFault
 
 
@@ -122,7 +123,8 @@ def test_reset_peer_makes_the_tool_env_step_raise_connection_reset_error(
     tool_server: ToolServer, tmp_path: Path
 ) -> None:
     fault = network_fault("reset_peer", nth_connection=[1])
-    plan = FaultPlan([fault], seed=0, log_path=tmp_path / "firings.jsonl", start=time.time())
+    recorder = Recorder(tmp_path)
+    plan = FaultPlan([fault], seed=0, events=recorder)
     with FaultProxy(tool_server.url, plan.network_faults("tool"), plan) as proxy:
         env = ToolUseEnv(proxy.url, target=42)
         env.reset(seed=0)
@@ -130,7 +132,7 @@ def test_reset_peer_makes_the_tool_env_step_raise_connection_reset_error(
             env.step("6 * 7")
         env.close()
     assert tool_server.calls == 0  # reset mid-request: the request never reached the tool
-    [firing] = plan.firings()
+    [firing] = recorder.firings()
     assert (firing.fault, firing.kind, firing.target, firing.rollout, firing.detail) == (
         0,
         "reset_peer",

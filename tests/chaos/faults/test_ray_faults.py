@@ -17,9 +17,10 @@ import pytest
 
 from gym_resilience import AttemptRecord, UnsupportedConfigError
 from gym_resilience.task_gen import generate_tasks, word_game_factory
-from harness.faults import FaultPlan, FaultyEnv, NodeKiller, SpanLog
+from harness.faults import FaultPlan, FaultyEnv, NodeKiller, record_span
 from harness.judge.compare import compare_outputs
 from harness.judge.probes import RunOutcome, Runs, observe
+from harness.run.recorder import Recorder
 from harness.scenario.loader import check_text
 from harness.scenario.spec import RayFault, Targeting
 
@@ -159,20 +160,21 @@ def test_a_hang_in_a_ray_actor_needs_a_step_deadline_but_not_isolate_envs() -> N
 # --- injection outside a cluster: the parts that need no Ray ---------------------------------------------
 
 
-def plan_of(tmp_path: Path, *faults: RayFault) -> FaultPlan:
-    return FaultPlan(list(faults), seed=0, log_path=tmp_path / "firings.jsonl", start=time.time())
+def plan_of(recorder: Recorder, *faults: RayFault) -> FaultPlan:
+    return FaultPlan(list(faults), seed=0, events=recorder)
 
 
 def test_a_kill_actor_fault_outside_a_ray_actor_refuses_instead_of_killing_this_process(
     tmp_path: Path,
 ) -> None:
-    plan = plan_of(tmp_path, RayFault(target="ray", kind="kill_actor", when=Targeting(turns=[0])))
+    recorder = Recorder(tmp_path)
+    plan = plan_of(recorder, RayFault(target="ray", kind="kill_actor", when=Targeting(turns=[0])))
     task = generate_tasks(1, seed=0)[0]
     env = FaultyEnv(word_game_factory(task), plan, rollout=0)
     env.reset(options={"task": task})
     with pytest.raises(UnsupportedConfigError, match=r"faults\[0\]\.kind: a kill_actor fault needs"):
         env.step("e")
-    assert plan.firings() == []
+    assert recorder.firings() == []
 
 
 class FakeCluster:
@@ -188,15 +190,19 @@ class FakeCluster:
         self.removed.append(node_id)
 
 
-def log_attempt(spans: SpanLog, rollout: int, node: str, *, steps: int, closed: bool = False) -> None:
+def log_attempt(spans: Recorder, rollout: int, node: str, *, steps: int, closed: bool = False) -> None:
     now = time.time()
-    spans.record(
-        "reset", rollout=rollout, attempt=0, turn=None, started=now, ended=now, failed=False, node=node
+    record_span(
+        spans, "reset", rollout=rollout, attempt=0, turn=None, started=now, ended=now, failed=False, node=node
     )
     for turn in range(steps):
-        spans.record("step", rollout=rollout, attempt=0, turn=turn, started=now, ended=now, failed=False)
+        record_span(
+            spans, "step", rollout=rollout, attempt=0, turn=turn, started=now, ended=now, failed=False
+        )
     if closed:
-        spans.record("close", rollout=rollout, attempt=0, turn=None, started=now, ended=now, failed=False)
+        record_span(
+            spans, "close", rollout=rollout, attempt=0, turn=None, started=now, ended=now, failed=False
+        )
 
 
 def wait_for(condition: Any, timeout_s: float = 10.0) -> None:
@@ -209,8 +215,8 @@ def wait_for(condition: Any, timeout_s: float = 10.0) -> None:
 def test_the_node_killer_waits_for_its_steps_then_removes_the_node_hosting_most_open_envs_once(
     tmp_path: Path,
 ) -> None:
-    plan = plan_of(tmp_path, RayFault(target="ray", kind="kill_node", after_steps=3))
-    spans = SpanLog(tmp_path / "spans.jsonl", start=time.time())
+    spans = Recorder(tmp_path)
+    plan = plan_of(spans, RayFault(target="ray", kind="kill_node", after_steps=3))
     cluster = FakeCluster()
     with NodeKiller(plan, spans, cluster, poll_s=0.01):
         log_attempt(spans, 0, "node-a", steps=1)
@@ -223,7 +229,7 @@ def test_the_node_killer_waits_for_its_steps_then_removes_the_node_hosting_most_
         log_attempt(spans, 4, "node-b", steps=5)
         time.sleep(0.1)
     assert cluster.removed == ["node-b"]
-    [firing] = plan.firings()
+    [firing] = spans.firings()
     assert (firing.target, firing.kind, firing.rollout) == ("ray", "kill_node", None)
     assert firing.detail == "removed worker node 1 (node-b), hosting 2 env actors, after 3 env steps"
 
@@ -234,12 +240,12 @@ class UnremovableCluster(FakeCluster):
 
 
 def test_a_node_killer_whose_removal_fails_raises_that_error_when_its_block_is_left(tmp_path: Path) -> None:
-    plan = plan_of(tmp_path, RayFault(target="ray", kind="kill_node", node=0))
-    spans = SpanLog(tmp_path / "spans.jsonl", start=time.time())
+    spans = Recorder(tmp_path)
+    plan = plan_of(spans, RayFault(target="ray", kind="kill_node", node=0))
     killer = NodeKiller(plan, spans, UnremovableCluster(), poll_s=0.01)
     with pytest.raises(RuntimeError, match="cannot remove node-a"), killer:
         wait_for(lambda: killer.error is not None)
-    assert plan.firings() == []
+    assert spans.firings() == []
 
 
 def test_the_node_probes_count_retries_that_moved_and_the_nodes_used() -> None:
@@ -254,8 +260,8 @@ def test_the_node_probes_count_retries_that_moved_and_the_nodes_used() -> None:
             (2, 1, "c"),
         ]
     ]
-    faulted = RunOutcome(None, None, {}, None, 1.0, 0, 0, attempts=attempts, actors_alive=1)
-    baseline = RunOutcome(None, None, {}, None, 1.0, 0, 0, actors_alive=0)
+    faulted = RunOutcome(None, None, {}, None, 1.0, attempts=attempts, actors_alive=1)
+    baseline = RunOutcome(None, None, {}, None, 1.0, actors_alive=0)
     runs = Runs(baseline, faulted, compare_outputs(None, None), 3, False, None)
     observed = observe(runs)
     # Rollout 0 moved from a to b; rollout 1 stayed; rollout 2's first attempt was never placed on a node.

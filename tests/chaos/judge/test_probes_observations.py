@@ -16,12 +16,13 @@ from harness.judge.probes import RunOutcome, attempt_nodes
 from harness.judge.results import ClusterNode, RunJournal
 from harness.judge.verdict import judge
 from harness.reports import load_journal, write_journal
+from harness.run.recorder import Recording
 from harness.scenario.loader import check_text, parse_scenario
 
 
 def outcome(trajectories: list[Trajectory] | None, metrics: dict[str, float] | None = None) -> RunOutcome:
     output = build_batch_output(trajectories) if trajectories is not None else None
-    return RunOutcome(trajectories, output, metrics or {}, None, 1.0, 3, 0)
+    return RunOutcome(trajectories, output, metrics or {}, None, 1.0, Recording(envs_created=3))
 
 
 def rows(ids: bool) -> list[Trajectory]:
@@ -144,7 +145,7 @@ def span(kind: str, rollout: int, number: int, start: float, node: str | None = 
 
 def ray_run(attempts: list[AttemptRecord], spans: list[Span]) -> RunOutcome:
     run = outcome(rows(True), {"rollouts": 3.0})
-    run.attempts, run.spans, run.end_s, run.head_node = attempts, spans, 5.0, HEAD
+    run.attempts, run.recording, run.end_s, run.head_node = attempts, Recording(spans=spans), 5.0, HEAD
     run.nodes = [ClusterNode(HEAD, "head"), ClusterNode(W0, "worker 0", True), ClusterNode(W1, "worker 1")]
     return run
 

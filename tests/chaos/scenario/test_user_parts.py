@@ -24,6 +24,8 @@ from harness.judge.probes import RunOutcome
 from harness.judge.results import FaultFiring, RunJournal
 from harness.judge.verdict import judge
 from harness.reports import junit_tree
+from harness.run.outcome import RolloutEnds
+from harness.run.recorder import Recording
 from harness.scenario.compile import CompiledScenario
 from harness.scenario.loader import load_scenario
 
@@ -232,15 +234,15 @@ def pipeline_output(placeholders: set[int]) -> BatchOutput:
 
 
 def run_outcome(output: BatchOutput, *, envs_created: int, firings: list[FaultFiring]) -> RunOutcome:
+    """A pipeline's run as ``run_batch`` records it: its rollouts' ends read from the output's columns."""
     return RunOutcome(
         trajectories=None,
         output=output,
         metrics={},
         error=None,
         wall_s=1.0,
-        envs_created=envs_created,
-        envs_unclosed=0,
-        firings=firings,
+        recording=Recording(firings=firings, envs_created=envs_created),
+        ends=RolloutEnds.of_pipeline([], output, {}, samples=1),  # ids no task has: rows by position
     )
 
 
