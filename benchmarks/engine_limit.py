@@ -17,13 +17,18 @@ for (``RunnerConfig.sampling``: greedy, seeded ``seed + rollout index``).
     ``gather``: the prompt ids fanned straight into the engine, to tell the runner's cost from the engine's;
     ``eager``: the async engine with ``enforce_eager=True`` (no torch.compile: a faster start). One
     in-process engine runs per process (vLLM keeps its parallel state per process), so the eager one
-    is the async engine.
-(b) Three turns with a 20 ms env step (64 tasks x 32 tokens a turn). The runner overlaps one rollout's
-    env step with the others' generation; its default 16 env threads take the 64 steps of a turn in
-    four waves, so the in-process engine also runs with a thread for every env. The limit is modelled
-    as: the offline engine generating the same per-turn inputs (read off the runner's own
-    trajectories), one batch per turn, plus the one env step that nothing can overlap (the last
-    turn's); a turn-synchronous loop would add 20 ms per turn.
+    is the async engine. The noise floor: a second ``LLM.generate`` run beside the first, and two
+    identical ``gather``s on the in-process engine.
+(b) Three turns with a 20 ms env step (64 tasks x 32 tokens a turn), every runner with its default
+    settings. The limit is the turn-synchronous loop: the offline engine generating the same per-turn
+    inputs (read off the runner's own trajectories), one batch per turn, plus one 20 ms env step per
+    turn (every env stepping at once, and nothing else: no loop could step them faster). Beside it,
+    ``env_threads=16`` (the former default, which stepped 64 envs in four waves) and the noise floor (a
+    second turn-synchronous run). Then the time split of the runner's batch on the in-process engine
+    (extra runs, not in the ratios): how long the engine was generating, how long only env steps ran,
+    and how long neither did (the runner's own work and its hand-overs), beside the limit's split, and
+    what a runner that overlaps some rollouts' env steps with the others' generation would have to cut
+    to pass 1.0.
 (c) Start and shutdown of each engine configuration, after vLLM and its engine modules are imported
     (timed once, printed on its own: every process pays it once; the async engine's core process pays
     it again at each start). Rounds rotate the order; the in-process engines are itemised from vLLM's
@@ -75,6 +80,25 @@ STEP_S = 0.02
 REPEATS = 9  # pairs (variant beside a limit run) per variant per round; the round keeps their medians
 
 
+class Spans:
+    """When each engine request and each env step ran, from the start of a batch (one batch at a time)."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.generating: list[tuple[float, float]] = []
+        self.stepping: list[tuple[float, float]] = []
+
+    def begin(self) -> None:
+        self.start = time.perf_counter()
+        self.generating, self.stepping = [], []
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+
+SPANS = Spans()
+
+
 class SleepyEnv(gymnasium.Env[list[dict[str, str]], str]):
     """A text env whose step takes ``step_s`` (a tool call); constant reward, never terminates."""
 
@@ -92,6 +116,55 @@ class SleepyEnv(gymnasium.Env[list[dict[str, str]], str]):
         if self.step_s:
             time.sleep(self.step_s)
         return [{"role": "user", "content": "go on"}], 1.0, False, False, {}
+
+
+class TimedSleepyEnv(SleepyEnv):
+    """``SleepyEnv``, its steps noted in ``SPANS`` (the time split's runs only)."""
+
+    def step(self, action: str) -> Any:
+        began = SPANS.now()
+        try:
+            return super().step(action)
+        finally:
+            SPANS.stepping.append((began, SPANS.now()))
+
+
+class TimedEngine:
+    """An engine whose requests are noted in ``SPANS`` (the time split's runs only)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Any:
+        began = SPANS.now()
+        try:
+            return await self.engine.generate(prompt_ids, sampling)
+        finally:
+            SPANS.generating.append((began, SPANS.now()))
+
+
+def covered(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``spans``, as disjoint spans in order."""
+    union: list[tuple[float, float]] = []
+    for begin, end in sorted(spans):
+        if union and begin <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], end))
+        else:
+            union.append((begin, end))
+    return union
+
+
+def length(spans: Sequence[tuple[float, float]]) -> float:
+    return sum(end - begin for begin, end in spans)
+
+
+def split(total: float, spans: Spans) -> tuple[float, float, float]:
+    """A batch's time as (generating, only env steps, neither): the engine had a request in flight; only
+    env steps ran; the rest (the runner's own work, hand-overs between threads)."""
+    generating = covered(spans.generating)
+    both = covered(spans.generating + spans.stepping)
+    return length(generating), length(both) - length(generating), total - length(both)
 
 
 def make_tasks(n: int, step_s: float) -> list[Task]:
@@ -225,8 +298,8 @@ async def compare(
     # Every side sends the runner's own requests: each rollout's sampling, seeded as the runner seeds it.
     single_sampling = [one_turn.sampling(i) for i in range(TASKS)]
     turn_sampling = [three_turns.sampling(i) for i in range(TASKS)]
-    # A thread for every rollout's env: 64 steps of 20 ms at once, where 16 threads take four waves.
-    three_turns_wide = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS, env_threads=TASKS)
+    # The former default: 16 env threads, which take the 64 steps of a turn in four waves.
+    three_turns_16 = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS, env_threads=16)
     # The per-turn inputs of the three-turn batch, for the offline side (greedy: the same every time).
     per_turn = turn_inputs(
         (await BatchRunner(thread_engine, SleepyEnv, three_turns).generate(multi)).trajectories
@@ -234,9 +307,9 @@ async def compare(
     assert len(per_turn) == TURNS and all(len(batch) == TASKS for batch in per_turn)
 
     def runner(
-        engine: Any, tasks: list[Task], config: RunnerConfig
+        engine: Any, tasks: list[Task], config: RunnerConfig, env: Any = SleepyEnv
     ) -> Callable[[], Awaitable[tuple[int, float]]]:
-        batch_runner = BatchRunner(engine, SleepyEnv, config)
+        batch_runner = BatchRunner(engine, env, config)
 
         async def run() -> tuple[int, float]:
             start = time.perf_counter()
@@ -263,33 +336,56 @@ async def compare(
     async def offline_turns() -> tuple[int, float]:
         start = time.perf_counter()
         tokens = sum(offline.generate(batch, turn_sampling) for batch in per_turn)
-        # The one env step nothing overlaps: the last turn's, after the last generation.
-        return tokens, time.perf_counter() - start + STEP_S
+        # The turn-synchronous loop: each turn's generation, then every env's step at once.
+        return tokens, time.perf_counter() - start + TURNS * STEP_S
 
     variants: dict[str, dict[str, Callable[[], Awaitable[tuple[int, float]]]]] = {
         "single": {
             "offline LLM.generate": offline_single,
+            "LLM.generate again (noise)": offline_single,
             "runner, in-process engine": runner(thread_engine, single, one_turn),
             "gather, in-process engine": gather(thread_engine),
+            "gather again (noise)": gather(thread_engine),
             "runner, async engine, eager": runner(eager_engine, single, one_turn),
             "gather, async engine, eager": gather(eager_engine),
             "runner, async engine": runner(async_engine, single, one_turn),
             "gather, async engine": gather(async_engine),
         },
         "multi": {
-            "offline per turn + 20 ms": offline_turns,
+            "offline + 20 ms a turn": offline_turns,
+            "the same again (noise)": offline_turns,
             "runner, in-process engine": runner(thread_engine, multi, three_turns),
-            f"... with {TASKS} env threads": runner(thread_engine, multi, three_turns_wide),
+            "... env_threads=16 (former)": runner(thread_engine, multi, three_turns_16),
             "runner, async engine, eager": runner(eager_engine, multi, three_turns),
             "runner, async engine": runner(async_engine, multi, three_turns),
         },
     }
+    timed_runner = BatchRunner(TimedEngine(thread_engine), TimedSleepyEnv, three_turns)
+    splits: list[tuple[float, float, float, float]] = []  # total, generating, env only, neither
+    offline_generating: list[float] = []
+
+    async def time_split() -> None:
+        """One runner batch with its spans noted, and one offline run's generation, for the split."""
+        gc.collect()
+        SPANS.begin()
+        await timed_runner.generate(multi)
+        total = SPANS.now()
+        splits.append((total, *split(total, SPANS)))
+        gc.collect()
+        start = time.perf_counter()
+        for batch in per_turn:
+            offline.generate(batch, turn_sampling)
+        offline_generating.append(time.perf_counter() - start)
+
     rates: dict[tuple[str, str], list[float]] = {}
     to_limit: dict[tuple[str, str], list[float]] = {}
     best_to_limit: dict[tuple[str, str], list[float]] = {}
     for workload in variants.values():  # warm-up: compile and cache every shape once
         for run in workload.values():
             await run()
+    await time_split()
+    splits.clear()
+    offline_generating.clear()
     for round_index in range(rounds):
         for workload_name, workload in variants.items():
             limit, *names = list(workload)
@@ -312,11 +408,16 @@ async def compare(
                 key = (workload_name, name)
                 to_limit.setdefault(key, []).append(statistics.median(pair_ratios[name]))
                 best_to_limit.setdefault(key, []).append(max(runs[name]) / max(beside[name]))
+        for _ in range(REPEATS):
+            await time_split()
         print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
 
     titles = {
         "single": f"(a) single turn, {TASKS} tasks x {SINGLE_TOKENS} tokens, greedy",
-        "multi": f"(b) {TURNS} turns, {STEP_S * 1e3:.0f} ms env step, {TASKS} tasks x {TURN_TOKENS} tokens",
+        "multi": (
+            f"(b) {TURNS} turns, {STEP_S * 1e3:.0f} ms env step, {TASKS} tasks x {TURN_TOKENS} tokens, "
+            "against the turn-synchronous limit"
+        ),
     }
     for workload_name, workload in variants.items():
         print(
@@ -331,6 +432,34 @@ async def compare(
                 f"    {name:<28} {summary(rates[key])}   {spread(to_limit[key])}   "
                 f"fastest {spread(best_to_limit[key])}"
             )
+    print_split(splits, offline_generating)
+
+
+def print_split(splits: list[tuple[float, float, float, float]], offline_generating: list[float]) -> None:
+    """The runner's three-turn batch split beside the limit's, and what passing 1.0 would take."""
+    total, generating, env_only, neither = (statistics.median(column) for column in zip(*splits, strict=True))
+    offline = statistics.median(offline_generating)
+    steps = TURNS * STEP_S
+    print(
+        f"(b) time split, median of {len(splits)} runner batches on the in-process engine (ms): "
+        f"total {total * 1e3:.0f} = generating {generating * 1e3:.0f} + only env steps {env_only * 1e3:.0f} "
+        f"+ neither {neither * 1e3:.0f}"
+    )
+    print(
+        f"    the limit: {(offline + steps) * 1e3:.0f} = generating {offline * 1e3:.0f} "
+        f"(LLM.generate, one batch a turn) + {TURNS} env steps {steps * 1e3:.0f}"
+    )
+    # The runner's generation is not the offline engine's (requests join over several engine steps, and
+    # the loop's work takes the interpreter from the engine's thread): what is left for everything else.
+    room = offline + steps - generating
+    print(
+        f"    to pass 1.0 with this generation time, only-env-steps + neither must fall under "
+        f"{room * 1e3:.0f} ms (now {(env_only + neither) * 1e3:.0f}): a turn-synchronous runner cannot go "
+        f"under {steps * 1e3:.0f} ms of steps, so that takes overlapping some rollouts' env steps with the "
+        "others' generation (and generating as fast as LLM.generate: at most "
+        f"{(offline + STEP_S) * 1e3:.0f} ms, the last turn's step being the one nothing overlaps, "
+        f"{(offline + steps) / (offline + STEP_S):.2f} of the limit)"
+    )
 
 
 @contextmanager

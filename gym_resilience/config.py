@@ -79,6 +79,9 @@ class RunnerConfig:
             batch at once. The default, 256, is vLLM's default batch size: more rollouts in flight would
             only queue in the engine while holding envs open.
         env_threads: threads running the (synchronous) env calls, so a slow env never blocks the loop.
+            None (the default): up to one per rollout in flight, taken past the first 16 only while the
+            env calls block (wait on I/O, a sleep, a worker), so that blocking envs step all at once and
+            fast ones run on few threads; an int: that many, taken as calls find none free.
         start_wait_s: how long the rollouts a batch starts at once wait, each with its env open and
             reset, for the others still opening theirs, counted from the first to arrive (or fail), so
             that their first prompts reach the engine together (``rollout/start_line.py``); 0 sends
@@ -139,7 +142,7 @@ class RunnerConfig:
     zero_reward_on_non_stop: bool = False
     apply_overlong_filtering: bool = False
     max_concurrency: int | None = 256
-    env_threads: int = 16
+    env_threads: int | None = None
     start_wait_s: float = 0.01
     retry: RetryPolicy | None = None
     max_failed_fraction: float | None = None
@@ -225,7 +228,8 @@ class RunnerConfig:
         _check_positive("max_turns", self.max_turns)
         _check_positive("max_tokens", self.max_tokens)
         _check_positive("n_samples_per_prompt", self.n_samples_per_prompt)
-        _check_positive("env_threads", self.env_threads)
+        if self.env_threads is not None:
+            _check_positive("env_threads", self.env_threads)
         if self.max_input_length is not None:
             _check_positive("max_input_length", self.max_input_length)
         if self.max_concurrency is not None:

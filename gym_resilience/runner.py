@@ -48,6 +48,7 @@ from gym_resilience.rollout import (
     run_agent_loop,
 )
 from gym_resilience.rollout.env_calls import KILL_GRACE_S
+from gym_resilience.rollout.pool import EAGER_THREADS, CallHistory
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     AnyTrajectory,
@@ -131,11 +132,20 @@ class BatchRunner:
         # Whether the next batch's start line encodes the task prompts ahead: while most envs open
         # with their task's prompt (each batch's line tells).
         self._encode_ahead = True
+        self._env_calls = CallHistory()  # whether this runner's env calls block, across its batches
         if self.config.env_backend == "ray":
             # A configuration is data (a scenario file validates without ray); a runner is about to use it.
             from gym_resilience.backends.ray import check_ray_installed
 
             check_ray_installed()
+
+    def _env_pool(self, in_flight: int) -> EnvPool:
+        """A batch's env pool: ``env_threads`` threads, or by default (None) up to one per rollout in
+        flight, past the first ``EAGER_THREADS`` only while the env calls block (``rollout/pool.py``)."""
+        threads = self.config.env_threads
+        if threads is not None:
+            return EnvPool(threads, name="gym-resilience-env")
+        return EnvPool(in_flight, name="gym-resilience-env", eager=EAGER_THREADS, history=self._env_calls)
 
     def _jobs(self, tasks: Iterable[Task]) -> list[_Job]:
         if isinstance(tasks, Task | str | bytes | Mapping) or not isinstance(tasks, Iterable):
@@ -176,8 +186,8 @@ class BatchRunner:
             self._codec = ChatCodec(self.engine.tokenizer)
         codec = self._codec
         start = time.perf_counter()
-        pool = EnvPool(self.config.env_threads, name="gym-resilience-env")
         limit = self.config.max_concurrency or len(jobs)
+        pool = self._env_pool(limit)
         # On the line: the rollouts _Supervisor starts at once, the first ``limit`` jobs.
         start_line = StartLine(
             {job.index: job.task.prompt for job in jobs[:limit]}, self.config.start_wait_s, codec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import re
+import threading
 import time
 from typing import Any
 
@@ -689,6 +690,36 @@ async def test_what_a_factory_returns_that_is_no_env_is_closed() -> None:
     with pytest.raises(AllRolloutsFailedError, match=r"expected a gymnasium\.Env"):
         await BatchRunner(ScriptedEngine(), NotAnEnv, config).generate(tasks(2))
     assert sorted(closed) == ["t0", "t1"]
+
+
+class _RendezvousEnv(CountingTextEnv):
+    """Its build blocks (a sandbox starting: ``delay``), and each step waits at ``BARRIER`` for every
+    other rollout's step: a batch passes only if all its steps run at once."""
+
+    barrier: threading.Barrier
+
+    def step(self, action: str) -> tuple[list[dict[str, str]], float, bool, bool, dict[str, Any]]:
+        self.barrier.wait()
+        return super().step(action)
+
+
+@pytest.mark.parametrize(("env_threads", "rollouts"), [(None, 32), (4, 4)])
+async def test_blocking_env_steps_of_every_rollout_in_flight_run_at_once(
+    env_threads: int | None, rollouts: int
+) -> None:
+    """By default (``env_threads=None``) a runner whose env calls block takes a thread for each rollout in
+    flight, past its first 16 (32 steps meet at a barrier); a set ``env_threads`` is taken as calls come,
+    blocking or not."""
+    ledger = EnvCounts()
+
+    class Env(_RendezvousEnv):
+        barrier = threading.Barrier(rollouts, timeout=30.0)
+
+    config = RunnerConfig(max_turns=2, env_threads=env_threads)
+    make = factory(ledger, turns=2, env=Env, delay=lambda task: time.sleep(0.01))
+    result = await BatchRunner(ScriptedEngine(), make, config).generate(tasks(rollouts))
+    assert [t.is_placeholder for t in result.trajectories] == [False] * rollouts
+    assert ledger.open == 0
 
 
 async def test_a_close_behind_a_stuck_step_leaves_the_other_pool_thread_to_the_batch() -> None:

@@ -7,6 +7,12 @@ every call queued before it has run, so a close queued behind a stuck call still
 returns. A thread let go waits ``IDLE_S`` for the next batch's pool rather than ending. The threads are
 daemons: a stuck call does not hold the interpreter's exit (``ResilientEnv``'s exit hook closes an env
 left open then).
+
+An adaptive pool (``eager`` below ``threads``) takes its first ``eager`` threads that way and more only
+while its calls block (:class:`CallHistory`): a thread per call for envs that wait on I/O or sleep, so
+their calls never queue behind each other, and few threads for fast envs, whose calls a thread runs one
+after another with no wake-up between them (a thread per call cost fast envs half again as much a
+rollout, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ import contextvars
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from gym_resilience.cleanup import settable
 
-__all__ = ["IDLE_S", "EnvPool", "idle_threads"]
+__all__ = ["BLOCKED_S", "EAGER_THREADS", "IDLE_S", "CallHistory", "EnvPool", "idle_threads"]
 
 T = TypeVar("T")
 
@@ -31,12 +38,41 @@ IDLE_S = 60.0
 
 _IDLE_NAME = "gym-resilience-env-idle"
 
+EAGER_THREADS = 16
+"""The threads an adaptive pool takes as calls find none idle, whether or not its calls block."""
+
+BLOCKED_S = 0.002
+"""A call blocked (on I/O, a sleep, a lock, a worker process) if it took this much longer in wall time
+than in its thread's CPU time."""
+
+_SHARE_WEIGHT = 1 / 16  # how much each call moves CallHistory's share of blocked calls
+_BLOCKING_SHARE = 1 / 8  # the share from which calls count as blocking
+
+
+class CallHistory:
+    """Whether recent env calls block: a running share of the calls that did (each call moves it by
+    1/16), kept across the batches of one runner so that a batch's first calls need not teach it again.
+    Calls count as blocking from a share of 1/8 on: a fast env's call that lost the interpreter to
+    another thread once in a while does not reach it, an env whose every step waits on a tool does.
+    Updated from pool threads without a lock (a lost update only nudges a share)."""
+
+    def __init__(self) -> None:
+        self.share = 0.0
+
+    @property
+    def blocking(self) -> bool:
+        return self.share >= _BLOCKING_SHARE
+
+    def record(self, blocked: bool) -> None:
+        self.share += (blocked - self.share) * _SHARE_WEIGHT
+
+
 # Calls run one after another on one thread, in one context: a future, its call, and a future to signal
 # once the first is done (or None) each.
 _Call = tuple["asyncio.Future[Any]", Callable[[], Any], "asyncio.Future[None] | None"]
 _Calls = tuple[contextvars.Context, list[_Call]]
-# (future, whether it returned, result or exception, future to signal)
-_Outcome = tuple["asyncio.Future[Any]", bool, Any, "asyncio.Future[None] | None"]
+# (future, whether it returned, result or exception, future to signal, whether the call blocked)
+_Outcome = tuple["asyncio.Future[Any]", bool, Any, "asyncio.Future[None] | None", bool]
 
 
 class EnvPool:
@@ -44,16 +80,24 @@ class EnvPool:
 
     Like ``loop.run_in_executor``, a call whose future is cancelled before a thread takes it never runs,
     and cancelling the future of a call already running only stops the wait: the thread finishes it.
+
+    With ``eager`` below ``threads``, threads past the first ``eager`` are taken only while ``history``
+    says the calls block, for calls waiting in the queue (at once when a blocked call ends).
     """
 
-    def __init__(self, threads: int, name: str) -> None:
+    def __init__(
+        self, threads: int, name: str, *, eager: int | None = None, history: CallHistory | None = None
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._max_threads = threads
+        self._eager = threads if eager is None else min(eager, threads)
+        self._history = history if history is not None else CallHistory()
         self._name = name
         self._calls: queue.SimpleQueue[_Calls | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards the fields below
         self._threads = 0  # taken so far
         self._idle = 0  # threads free for a call not yet taken
+        self._waiting = 0  # calls queued with no thread free for them
         self._outcomes: list[_Outcome] = []  # not yet handed to the loop
         self._unreturned: set[asyncio.Future[Any]] = set()  # calls queued or running
         self._after: dict[asyncio.Future[Any], list[_Call]] = {}  # calls to run right after these
@@ -119,9 +163,17 @@ class EnvPool:
             self._calls.put((contextvars.copy_context(), calls))
             if self._idle:
                 self._idle -= 1
-            elif self._threads < self._max_threads:
-                _Worker.take().serve(self, f"{self._name}_{self._threads}")
-                self._threads += 1
+            else:
+                self._waiting += 1
+                self._grow()
+
+    def _grow(self) -> None:
+        """Take a thread for each call waiting, up to the threads the calls' history allows (lock held)."""
+        limit = self._max_threads if self._history.blocking else self._eager
+        while self._waiting and self._threads < limit and not self._shut:
+            _Worker.take().serve(self, f"{self._name}_{self._threads}")
+            self._threads += 1
+            self._waiting -= 1
 
     def shutdown(self) -> None:
         """Let each thread go once the calls queued so far have run; returns at once."""
@@ -147,10 +199,17 @@ class EnvPool:
         """Queue ``outcome`` for the loop; returns the calls to run next on this thread (submitted
         after this one), and counts the thread idle if this was its ``last`` call and there are none."""
         with self._lock:
-            future = outcome[0]
+            future, blocked = outcome[0], outcome[4]
             self._unreturned.discard(future)
             after = self._after.pop(future, []) if self._after else []
-            self._idle += last and not after
+            if last and not after:  # free: for a call waiting in the queue, if there is one
+                if self._waiting:
+                    self._waiting -= 1
+                else:
+                    self._idle += 1
+            self._history.record(blocked)
+            if blocked and self._waiting:
+                self._grow()
             self._outcomes.append(outcome)
             if self._waking:
                 return after
@@ -181,7 +240,11 @@ class EnvPool:
 
 
 def _settle(
-    future: asyncio.Future[Any], returned: bool, value: Any, signal: asyncio.Future[None] | None
+    future: asyncio.Future[Any],
+    returned: bool,
+    value: Any,
+    signal: asyncio.Future[None] | None,
+    blocked: bool = False,
 ) -> None:
     """Hand one outcome to its futures (the signal first: its waiter wakes before what awaits the call);
     settling one twice changes nothing."""
@@ -202,11 +265,14 @@ def _outcome(
     signal: asyncio.Future[None] | None,
 ) -> _Outcome:
     if future.cancelled():  # given up on before it started: it must not run
-        return (future, False, None, signal)
+        return (future, False, None, signal, False)
+    wall, cpu = time.perf_counter(), time.thread_time()
     try:
-        return (future, True, context.run(call), signal)
+        value, returned = context.run(call), True
     except BaseException as exc:  # handed to the awaiting task, as an executor does
-        return (future, False, settable(exc, "an env call"), signal)
+        value, returned = settable(exc, "an env call"), False
+    blocked = (time.perf_counter() - wall) - (time.thread_time() - cpu) >= BLOCKED_S
+    return (future, returned, value, signal, blocked)
 
 
 class _Worker:

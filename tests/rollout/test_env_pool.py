@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import time
 
 import pytest
 from leaks import eventually
 
 from gym_resilience.rollout import EnvPool
 from gym_resilience.rollout import pool as pool_module
-from gym_resilience.rollout.pool import idle_threads
+from gym_resilience.rollout.pool import CallHistory, idle_threads
 
 SETTLE_S = 10.0
 
@@ -231,3 +232,70 @@ async def test_a_call_raising_stop_iteration_raises_a_runtime_error_where_awaite
     assert isinstance(info.value.__cause__, StopIteration)
     assert await fine == "fine"
     pool.shutdown()
+
+
+def test_call_history_counts_calls_as_blocking_from_an_eighth_of_recent_calls() -> None:
+    history = CallHistory()
+    assert not history.blocking
+    history.record(True)
+    history.record(True)
+    assert not history.blocking  # two blocked calls in a fresh history: 0.12
+    history.record(True)
+    assert history.blocking
+    for _ in range(40):  # then fast calls only
+        history.record(False)
+    assert not history.blocking
+
+
+def test_call_history_stays_under_blocking_for_a_blocked_call_among_fast_ones() -> None:
+    """A fast env's call that lost the interpreter now and then (one in twenty) never makes calls blocking."""
+    history = CallHistory()
+    for index in range(200):
+        history.record(index % 20 == 0)
+        assert not history.blocking
+
+
+async def test_an_adaptive_pool_takes_a_thread_for_each_waiting_call_while_calls_block() -> None:
+    """Known to block, the pool runs four calls at once on four threads (a barrier of four passes),
+    though only one is eager."""
+    history = CallHistory()
+    history.share = 1.0
+    pool = EnvPool(4, name="test-pool-blocking", eager=1, history=history)
+    barrier = threading.Barrier(4, timeout=SETTLE_S)
+    try:
+        names = await asyncio.gather(
+            *(pool.submit(lambda: (barrier.wait(), threading.current_thread().name)[1]) for _ in range(4))
+        )
+    finally:
+        pool.shutdown()
+    assert sorted(names) == [f"test-pool-blocking_{i}" for i in range(4)]
+
+
+async def test_an_adaptive_pool_takes_threads_for_waiting_calls_once_a_blocked_call_ends() -> None:
+    """Not yet known to block, the pool runs its one eager thread; the first call ends blocked (it slept),
+    which tips the history, and the two calls waiting get a thread each at once."""
+    history = CallHistory()
+    history.share = 0.12  # one blocked call short
+    pool = EnvPool(3, name="test-pool-tipped", eager=1, history=history)
+    barrier = threading.Barrier(2, timeout=SETTLE_S)
+    try:
+        first = pool.submit(lambda: time.sleep(0.05))
+        waiting = [pool.submit(barrier.wait) for _ in range(2)]
+        assert await first is None
+        assert sorted(await asyncio.gather(*waiting)) == [0, 1]
+    finally:
+        pool.shutdown()
+    assert history.blocking
+
+
+async def test_an_adaptive_pool_whose_calls_do_not_block_runs_them_on_its_eager_threads() -> None:
+    history = CallHistory()
+    pool = EnvPool(8, name="test-pool-fast", eager=2, history=history)
+    try:
+        names = await asyncio.gather(
+            *(pool.submit(lambda: threading.current_thread().name) for _ in range(64))
+        )
+    finally:
+        pool.shutdown()
+    assert set(names) <= {"test-pool-fast_0", "test-pool-fast_1"}
+    assert not history.blocking
