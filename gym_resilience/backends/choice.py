@@ -83,7 +83,8 @@ def make_env(
     else:
         from gym_resilience.backends.ray import RayEnv  # imports ray only when it is used
 
-        worker = RayEnv(env_fn, actor_options=config.env_actor_options, **deadlines)
+        options = config.env_actor_options if workers is None else None  # else the pool's
+        worker = RayEnv(env_fn, actor_options=options, **deadlines)
     return BackendEnv(ResilientEnv(worker, close_on_error=False), remote=True, worker=worker)
 
 

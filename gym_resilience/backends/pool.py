@@ -19,10 +19,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from gym_resilience.backends.protocol import StartAbort
+from gym_resilience.backends.protocol import StartAbort, unpack_ending
 from gym_resilience.errors import EnvClosedError, EnvError, EnvWorkerDiedError
 
-__all__ = ["Lease", "PoolStats", "PooledWorker", "WorkerPool", "lease"]
+__all__ = ["EnvTurns", "Lease", "PoolStats", "PooledWorker", "WorkerPool", "lease"]
 
 
 class PooledWorker(Protocol):
@@ -52,6 +52,48 @@ class PooledWorker(Protocol):
         ...
 
     def kill(self) -> None: ...
+
+
+class EnvTurns:
+    """A pooled worker's envs, one at a time: which one it serves (its generation), and whether the worker
+    may serve another (it may not once an env failed to close or left something behind)."""
+
+    def __init__(self, reuse: bool) -> None:
+        self.reuse = reuse
+        self.generation = 0
+        self.served = 0
+        self.open = False
+        self.clean = True
+        self.retired_because: str | None = None
+
+    def next(self) -> int:
+        """Counts the env about to be built; its generation."""
+        self.generation += 1
+        self.served += 1
+        return self.generation
+
+    def judged(self, data: bytes) -> bytes:
+        """The reply inside ``data``, a reply to ``open`` or ``close``, whose verdict is judged here; the
+        env counts as closed until its description is read (``open = True``)."""
+        reply, verdict = unpack_ending(data)
+        self.open = False
+        if verdict is not None:
+            self.clean = False
+            self.retired_because = verdict
+        return reply
+
+    def opened(self, data: bytes, unpack: Callable[[bytes], Any]) -> dict[str, Any]:
+        """The description in ``data``, the reply to ``open`` (``unpack`` raises what the factory raised);
+        the env is open once it is read."""
+        description: dict[str, Any] = unpack(self.judged(data))
+        self.open = True
+        return description
+
+    def serving(self, running: bool, generation: int) -> bool:
+        return running and self.open and self.generation == generation
+
+    def reusable(self, running: bool) -> bool:
+        return self.reuse and self.clean and not self.open and running
 
 
 W = TypeVar("W", bound=PooledWorker)

@@ -41,7 +41,7 @@ from typing import Any
 
 from gym_resilience.backends import _forkserver_main
 from gym_resilience.backends.deadlines import check_seconds
-from gym_resilience.backends.pool import Lease, WorkerPool, lease
+from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
 from gym_resilience.backends.process_worker import serve
 from gym_resilience.backends.protocol import (
     CLOSE_REQUEST,
@@ -50,7 +50,6 @@ from gym_resilience.backends.protocol import (
     RemoteEnv,
     StartAbort,
     open_request,
-    unpack_ending,
     unpack_reply,
 )
 from gym_resilience.errors import (
@@ -144,21 +143,17 @@ class _Worker:
         self._conn = conn
         self._lifeline = lifeline
         self._reuse = reuse
+        self.envs = EnvTurns(reuse)
         self._call_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = _State.RUNNING
         self._handles_released = False
         self._owner_pid = os.getpid()
-        self._generation = 0
-        self._env_open = False
-        self._clean = True
-        self.envs_served = 0
         self.close_timeout = DEFAULT_CLOSE_TIMEOUT_S
         self.pid: int = process.pid or 0
         self.exitcode: int | None = None
         self.env_id: str | None = None
         self.lost: EnvError | None = None
-        self.retired_because: str | None = None
         self._fds = ((conn, conn.fileno()), (self._sentinel, self._sentinel))
         self._poller = select.poll() if hasattr(select, "poll") else None
         if self._poller is not None:
@@ -195,12 +190,16 @@ class _Worker:
         return self._state is _State.RUNNING
 
     @property
+    def envs_served(self) -> int:
+        return self.envs.served
+
+    @property
     def reusable(self) -> bool:
         """Alive, with no env open, and its last env closed cleanly and left nothing behind."""
-        return self._reuse and self._clean and not self._env_open and self._state is _State.RUNNING
+        return self.envs.reusable(self._state is _State.RUNNING)
 
     def serving(self, generation: int) -> bool:
-        return self._state is _State.RUNNING and self._env_open and self._generation == generation
+        return self.envs.serving(self._state is _State.RUNNING, generation)
 
     def open(
         self, request: bytes, *, timeout: float | None, abort: StartAbort | None, close_timeout: float
@@ -211,8 +210,7 @@ class _Worker:
         ``abort`` may kill the worker meanwhile, from another thread; the wait then raises EnvClosedError.
         """
         with self._call_lock:
-            self._generation += 1
-            self.envs_served += 1
+            generation = self.envs.next()
             self.env_id = None
             self.close_timeout = close_timeout
             try:
@@ -224,11 +222,8 @@ class _Worker:
                 if abort is not None:
                     abort.forget()
                 self._release_handles_if_ended()
-            reply, verdict = unpack_ending(data)
-            self._judge(verdict)  # what a failed build left behind
-            description: dict[str, Any] = self._unpack(reply)
-            self._env_open = True
-        return self._generation, description
+            description = self.envs.opened(data, self._unpack)
+        return generation, description
 
     def request(
         self, command: str, payload: Any, *, operation: str, timeout: float | None, generation: int
@@ -276,9 +271,7 @@ class _Worker:
             if not self.serving(generation):
                 return
             data = self._exchange(CLOSE_REQUEST, operation="close", timeout_s=timeout, deadline=deadline)
-            self._env_open = False
-            reply, verdict = unpack_ending(data)
-            self._judge(verdict)
+            reply = self.envs.judged(data)
             if not self._reuse:  # it exits right after its reply: let it, within what is left
                 self._end(grace_s=max(deadline - time.monotonic(), 0.0))
         finally:
@@ -287,13 +280,13 @@ class _Worker:
         try:
             self._unpack(reply)
         except BaseException:
-            self._clean = False  # an env that failed to close may have left anything behind
+            self.envs.clean = False  # an env that failed to close may have left anything behind
             raise
 
     def close(self) -> None:
         """Closes the env it serves, if any (see :meth:`close_env`), and ends the worker."""
         try:
-            self.close_env(self._generation)
+            self.close_env(self.envs.generation)
         finally:
             self.kill()
 
@@ -307,12 +300,6 @@ class _Worker:
                 self._release_handles_if_ended()
             finally:
                 self._call_lock.release()
-
-    def _judge(self, verdict: str | None) -> None:
-        """A verdict that the env left something behind retires the worker (it exits by itself)."""
-        if verdict is not None:
-            self._clean = False
-            self.retired_because = verdict
 
     def _exchange(
         self,
