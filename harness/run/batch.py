@@ -226,7 +226,9 @@ async def run_batch(
                         produced = await scenario.pipeline(tasks, factory, faulty)
                     trajectories, output = _normalise(produced)
                 else:
-                    result = await BatchRunner(faulty, factory, config).generate(tasks)
+                    # Closed here: its warm env workers (processes, Ray actors) end with the run.
+                    async with BatchRunner(faulty, factory, config) as runner:
+                        result = await runner.generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
                     attempts = list(result.attempts)
             except BaseException as exc:
