@@ -6,8 +6,8 @@ Starts a local Ray cluster (``harness.run.cluster.LocalCluster``) inside a loopb
 - per step: ``step`` on CartPole-v1 through ``ResilientEnv`` with the env in this process (``thread``), in
   a worker process (``process``, ``IsolatedEnv``) and in a Ray actor (``ray``, ``RayEnv``);
 - per batch: rollouts/s of ``BatchRunner`` (``ScriptedEngine``, a one-turn ``ScriptableEnv``) with each
-  ``env_backend``; every rollout builds and closes its own env, so this counts the start of a worker
-  process or an actor per rollout.
+  ``env_backend``; a new runner per batch, so each batch starts its warm workers (one per rollout in
+  flight) and ends them; ``benchmarks/backends.py`` measures runners whose workers are warm already.
 
 Backends alternate within each round, in a rotating order, because the machine is noisy; reported are
 medians over rounds, and each backend's ratio to the others taken from the same rounds.
@@ -72,9 +72,13 @@ def rollouts_per_s(backend: EnvBackend, rollouts: int, max_concurrency: int) -> 
     tasks = [
         Task(prompt=[{"role": "user", "content": f"t{i}"}], instance_id=f"t{i}") for i in range(rollouts)
     ]
-    runner = BatchRunner(ScriptedEngine(), one_turn_env, config)
+
+    async def batch() -> None:
+        async with BatchRunner(ScriptedEngine(), one_turn_env, config) as runner:
+            await runner.generate(tasks)
+
     start = time.perf_counter()
-    asyncio.run(runner.generate(tasks))
+    asyncio.run(batch())
     return rollouts / (time.perf_counter() - start)
 
 

@@ -97,6 +97,17 @@ class RunnerConfig:
             worker process of its own (``IsolatedEnv``), so a hung env can be killed, and ``env_factory``
             and the tasks must then be picklable; ``"ray"``, in a Ray actor of its own (``RayEnv``) on the
             cluster this process is connected to (``ray.init``; see docs/ray.md), which a deadline kills.
+        env_workers: with ``env_backend`` ``"process"`` or ``"ray"``, the most worker processes or actors
+            alive at once (``backends/pool.py``); None: ``max_concurrency`` (None: as many as rollouts are
+            in flight). A rollout holds its env's worker from its build to its close, so at most this many
+            rollouts are in flight. Workers serve one rollout after another, each with a new env from
+            ``env_factory``, and are kept across the batches of one ``BatchRunner`` until its ``close()``
+            (or ``async with``); a worker whose env passed a deadline, failed to close or left something
+            behind is killed and replaced (docs/guarantees.md, "fresh").
+        env_workers_prestart: start ``env_workers`` workers (at most the rollouts in flight) before a
+            runner's first batch, rather than as its rollouts need them.
+        env_worker_reuse: ``False`` gives every rollout's env a worker process or actor of its own, killed
+            after its close (slower: for envs that must never share a process).
         env_actor_options: with ``env_backend="ray"``, the options of each env's actor (``num_cpus``,
             ``resources``, ``scheduling_strategy``, ...); None: ``backends.ray.DEFAULT_ACTOR_OPTIONS``.
         isolate_envs: ``True`` is the older spelling of ``env_backend="process"`` (the backend becomes
@@ -151,6 +162,9 @@ class RunnerConfig:
     isolate_envs: bool = False
     env_backend: EnvBackend = "thread"
     env_actor_options: Mapping[str, Any] | None = None
+    env_workers: int | None = None
+    env_workers_prestart: bool = False
+    env_worker_reuse: bool = True
     env_step_timeout_s: float | None = None
     env_reset_timeout_s: float | None = None
     env_create_timeout_s: float | None = None
@@ -333,6 +347,34 @@ class RunnerConfig:
             from gym_resilience.backends.ray import check_actor_options  # not at import: it is rarely needed
 
             check_actor_options(self.env_actor_options)
+        self._check_env_workers()
+
+    def _check_env_workers(self) -> None:
+        """The worker pool's options need a backend with workers, and a pool of at least one."""
+        if self.env_workers is not None:
+            _check_positive("env_workers", self.env_workers)
+        if self.env_backend != "thread":
+            return
+        set_here = [
+            option
+            for option, default in (
+                ("env_workers", None),
+                ("env_workers_prestart", False),
+                ("env_worker_reuse", True),
+            )
+            if getattr(self, option) != default
+        ]
+        if set_here:
+            raise UnsupportedConfigError(
+                "needs env_backend='process' or 'ray': envs on threads run in this process, with no "
+                "worker to pool",
+                option=set_here[0],
+            )
+
+    @property
+    def env_pool_size(self) -> int | None:
+        """How many worker processes or actors may be alive at once (None: no bound); see ``env_workers``."""
+        return self.env_workers if self.env_workers is not None else self.max_concurrency
 
 
 _FIELD_TYPES: dict[type[Any], dict[str, Any]] = {}

@@ -8,8 +8,11 @@ becomes a ``FailedRollout`` marker, replaced by a placeholder once every rollout
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +20,8 @@ from typing import Any
 
 import tenacity
 
-from gym_resilience.backends.choice import EnvFactory
+from gym_resilience.backends.choice import EnvFactory, env_workers
+from gym_resilience.backends.pool import WorkerPool
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine
 from gym_resilience.errors import (
@@ -118,6 +122,9 @@ class _Job:
 class BatchRunner:
     """Runs batches of rollouts of ``engine`` against envs from ``env_factory``.
 
+    With ``env_backend`` ``"process"`` or ``"ray"`` the runner keeps warm env workers across its batches
+    (``RunnerConfig.env_workers``): close it (``await runner.close()``, or ``async with``) to end them.
+
     Example:
         >>> runner = BatchRunner(engine, env_factory, RunnerConfig(skip_failed_rollouts=True))
         >>> result = await runner.generate(tasks)  # doctest: +SKIP
@@ -138,6 +145,40 @@ class BatchRunner:
             from gym_resilience.backends.ray import check_ray_installed
 
             check_ray_installed()
+        # The env workers, shared by this runner's batches: made at the first batch, ended by close()
+        # or, for a runner dropped without it, when it is collected.
+        self._workers: WorkerPool[Any] | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> BatchRunner:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> bool:
+        await self.close()
+        return False
+
+    async def close(self) -> None:
+        """Ends the runner's env workers (processes, Ray actors): idle ones now, any still serving a
+        batch's env once that env closes. Later batches are refused. Idempotent; without envs on
+        workers there is nothing to end."""
+        self._closed = True
+        workers = self._workers
+        if workers is not None:
+            await _on_a_thread_of_its_own(workers.close)
+
+    @property
+    def env_workers(self) -> WorkerPool[Any] | None:
+        """The pool of env workers (None before the first batch, and for envs on threads)."""
+        return self._workers
+
+    async def _env_workers(self, in_flight: int) -> WorkerPool[Any] | None:
+        if self._workers is None:
+            self._workers = workers = env_workers(self.config)
+            if workers is not None:
+                weakref.finalize(self, workers.close)
+                if self.config.env_workers_prestart:
+                    await _on_a_thread_of_its_own(functools.partial(workers.prestart, in_flight))
+        return self._workers
 
     def _env_pool(self, in_flight: int) -> EnvPool:
         """A batch's env pool: ``env_threads`` threads, or by default (None) up to one per rollout in
@@ -181,18 +222,24 @@ class BatchRunner:
                 ``close_timeout_s``, left to the thread still building or closing it, which closes it
                 when its call returns (a note on the error gives the count; docs/deadlines.md).
         """
+        if self._closed:
+            raise RuntimeError("this BatchRunner is closed: its env workers are gone")
         jobs = self._jobs(tasks)
+        limit = self.config.max_concurrency or len(jobs)
+        pool_size = self.config.env_pool_size
+        if self.config.env_backend != "thread" and pool_size is not None:
+            limit = min(limit, pool_size)  # every rollout in flight holds a worker
+        workers = await self._env_workers(limit)
         if self._codec is None:
             self._codec = ChatCodec(self.engine.tokenizer)
         codec = self._codec
         start = time.perf_counter()
-        limit = self.config.max_concurrency or len(jobs)
         pool = self._env_pool(limit)
         # On the line: the rollouts _Supervisor starts at once, the first ``limit`` jobs.
         start_line = StartLine(
             {job.index: job.task.prompt for job in jobs[:limit]}, self.config.start_wait_s, codec
         )
-        batch = _Batch(self, codec, pool, start_line)
+        batch = _Batch(self, codec, pool, start_line, workers)
         unwatch = batch.open_envs.watch(asyncio.get_running_loop())
         try:
             started = start_line.encode_ahead if self._encode_ahead else None
@@ -233,6 +280,29 @@ class BatchRunner:
         log_batch_summary(metrics)
         attempts = sorted(batch.attempt_log, key=lambda record: (record.rollout_index, record.attempt))
         return BatchResult(trajectories, output, metrics, failures, attempts)
+
+
+async def _on_a_thread_of_its_own(call: Callable[[], object]) -> None:
+    """Run ``call`` (starting or ending workers) off the event loop, on a thread that ends with it rather
+    than one the loop's executor keeps."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(None) if error is None else done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            call()
+        except BaseException as exc:  # handed to the awaiting task
+            error = exc
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name="gym-resilience-env-workers", daemon=True).start()
+    await done
 
 
 class _Supervisor:
@@ -331,8 +401,16 @@ class _Supervisor:
 class _Batch:
     """The parts one ``generate`` call shares among its rollouts, and how it runs one of them."""
 
-    def __init__(self, runner: BatchRunner, codec: ChatCodec, pool: EnvPool, start_line: StartLine) -> None:
+    def __init__(
+        self,
+        runner: BatchRunner,
+        codec: ChatCodec,
+        pool: EnvPool,
+        start_line: StartLine,
+        workers: WorkerPool[Any] | None,
+    ) -> None:
         self.engine = runner.engine
+        self.workers = workers
         self.env_factory = runner.env_factory
         self.config = runner.config
         self.codec = codec
@@ -356,6 +434,7 @@ class _Batch:
             task=job.task,
             trajectory_id=job.trajectory_id,
             progress=Progress(rollout_index=job.index, attempt=attempt),
+            workers=self.workers,
         )
 
     async def rollout(self, job: _Job) -> Outcome | _Fatal:

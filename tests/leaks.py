@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 import psutil
 from doubles import SETTLE_S, EnvCounts
 
+from gym_resilience import BatchRunner
 from gym_resilience.rollout.pool import idle_threads
 
 
@@ -58,6 +59,12 @@ def worker_processes() -> set[int]:
             if child.ppid() != me and child.status() != psutil.STATUS_ZOMBIE:
                 found.add(child.pid)
     return found
+
+
+def alive_workers(runner: BatchRunner) -> int:
+    """The env workers (processes, actors) of ``runner``'s pool alive now, by its own count."""
+    workers = runner.env_workers
+    return 0 if workers is None else workers.stats.alive
 
 
 @dataclasses.dataclass(frozen=True)

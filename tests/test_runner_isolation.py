@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from doubles import EnvCounts, factory, hang_on, tasks
-from leaks import worker_processes
+from leaks import alive_workers, worker_processes
 
 from gym_resilience import (
     AllRolloutsFailedError,
@@ -32,13 +32,15 @@ async def test_a_hung_env_in_a_batch_of_16_is_killed_and_becomes_a_placeholder()
     config = RunnerConfig(
         skip_failed_rollouts=True, max_turns=2, isolate_envs=True, env_step_timeout_s=DEADLINE_S
     )
-    runner = BatchRunner(ScriptedEngine(), factory(EnvCounts(), hang_on({"t5"})), config)
-    # A liveness guard, not a speed check: without the deadline this batch would never finish.
-    result = await asyncio.wait_for(runner.generate(tasks(16)), timeout=DEADLINE_S + 60)
-    assert [t.is_placeholder for t in result.trajectories] == [i == 5 for i in range(16)]
-    failure = result.failures[0]
-    assert isinstance(failure.exception, EnvTimeoutError) and failure.phase == "step"
-    assert str(failure.exception) == "env step exceeded its 2 s deadline"
+    async with BatchRunner(ScriptedEngine(), factory(EnvCounts(), hang_on({"t5"})), config) as runner:
+        # A liveness guard, not a speed check: without the deadline this batch would never finish.
+        result = await asyncio.wait_for(runner.generate(tasks(16)), timeout=DEADLINE_S + 60)
+        assert [t.is_placeholder for t in result.trajectories] == [i == 5 for i in range(16)]
+        failure = result.failures[0]
+        assert isinstance(failure.exception, EnvTimeoutError) and failure.phase == "step"
+        assert str(failure.exception) == "env step exceeded its 2 s deadline"
+        # The hung env's worker was killed; the other 15 wait for the runner's next batch.
+        assert len(worker_processes()) == alive_workers(runner) == 15
     assert worker_processes() == set()
 
 
@@ -63,9 +65,10 @@ async def test_isolated_envs_stuck_in_every_pool_thread_are_still_killed_on_time
         close_timeout_s=1.0,
         max_turns=1,
     )
-    runner = BatchRunner(ScriptedEngine(), factory(EnvCounts(), hang_on(None)), config)
-    with pytest.raises(AllRolloutsFailedError) as info:
-        await asyncio.wait_for(runner.generate(tasks(env_threads)), timeout=DEADLINE_S + 60)
+    async with BatchRunner(ScriptedEngine(), factory(EnvCounts(), hang_on(None)), config) as runner:
+        with pytest.raises(AllRolloutsFailedError) as info:
+            await asyncio.wait_for(runner.generate(tasks(env_threads)), timeout=DEADLINE_S + 60)
+        assert worker_processes() == set()  # every worker was stuck, so killed
     assert not any("still being built or closed" in note for note in getattr(info.value, "__notes__", []))
     for error in info.value.exceptions:
         assert isinstance(error, RolloutTimeoutError)
@@ -101,9 +104,9 @@ class ClosableNotAnEnv:
 async def failure_of(returned: Any, backend: str) -> BaseException:
     """What a one-rollout batch on ``backend`` raises when its factory returns ``returned``."""
     config = RunnerConfig(max_turns=1, env_backend=backend)  # type: ignore[arg-type]
-    runner = BatchRunner(ScriptedEngine(), functools.partial(returns, returned), config)
-    with pytest.raises(Exception) as info:
-        await runner.generate(tasks(1))
+    async with BatchRunner(ScriptedEngine(), functools.partial(returns, returned), config) as runner:
+        with pytest.raises(Exception) as info:
+            await runner.generate(tasks(1))
     return info.value
 
 

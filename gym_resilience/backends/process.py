@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
+import functools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -26,7 +27,7 @@ import multiprocessing.forkserver
 import multiprocessing.spawn
 import multiprocessing.util  # before atexit.register below: see _close_workers_at_exit
 import os
-import pickle
+import select
 import signal
 import threading
 import time
@@ -40,6 +41,7 @@ from typing import Any
 
 from gym_resilience.backends import _forkserver_main
 from gym_resilience.backends.deadlines import check_seconds
+from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
 from gym_resilience.backends.process_worker import serve
 from gym_resilience.backends.protocol import (
     CLOSE_REQUEST,
@@ -47,6 +49,7 @@ from gym_resilience.backends.protocol import (
     EnvFn,
     RemoteEnv,
     StartAbort,
+    open_request,
     unpack_reply,
 )
 from gym_resilience.errors import (
@@ -58,7 +61,7 @@ from gym_resilience.errors import (
     describe_exception,
 )
 
-__all__ = ["IsolatedEnv"]
+__all__ = ["IsolatedEnv", "ProcessWorkers", "process_workers"]
 
 _DEATH_GRACE_S = 1.0
 """How long a worker whose pipe broke may take to finish exiting, so its own exit code can be read."""
@@ -124,83 +127,130 @@ os.register_at_fork(after_in_child=_forget_workers_in_forked_child)
 class _Worker:
     """The parent's handle on one worker process: the command pipe, the lifeline, and the state.
 
-    A call holds ``_call_lock`` and owns the pipes: only its holder sends, receives, and releases the
-    handles (closing a file descriptor that another thread waits on is unsafe). ``_state_lock`` guards
-    the state and the reaping of the process, which ``close`` may do from another thread while a call
-    hangs: it kills the process, and the waiting call wakes up and raises ``EnvClosedError``.
+    The worker serves one env at a time (``generation`` counts them); a call names its env's generation,
+    so a call of an env closed since never reaches the next one. A call holds ``_call_lock`` and owns the
+    pipes: only its holder sends, receives, and releases the handles (closing a file descriptor that
+    another thread waits on is unsafe). ``_state_lock`` guards the state and the reaping of the process,
+    which ``close_env`` or ``kill`` may do from another thread while a call hangs: it kills the process, and
+    the waiting call wakes up and raises ``EnvClosedError``.
     """
 
     def __init__(
-        self,
-        process: BaseProcess,
-        conn: Connection[Any, Any],
-        lifeline: Connection[Any, Any],
-        *,
-        close_timeout: float,
+        self, process: BaseProcess, conn: Connection[Any, Any], lifeline: Connection[Any, Any], *, reuse: bool
     ) -> None:
         self._process = process
         self._sentinel = process.sentinel
         self._conn = conn
         self._lifeline = lifeline
+        self._reuse = reuse
+        self.envs = EnvTurns(reuse)
         self._call_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._state = _State.RUNNING
         self._handles_released = False
         self._owner_pid = os.getpid()
-        self.close_timeout = close_timeout
+        self.close_timeout = DEFAULT_CLOSE_TIMEOUT_S
         self.pid: int = process.pid or 0
         self.exitcode: int | None = None
         self.env_id: str | None = None
         self.lost: EnvError | None = None
+        self._fds = ((conn, conn.fileno()), (self._sentinel, self._sentinel))
+        self._poller = select.poll() if hasattr(select, "poll") else None
+        if self._poller is not None:
+            for _, fd in self._fds:
+                self._poller.register(fd, select.POLLIN)
         with _live_workers_lock:
             _live_workers.add(self)
+
+    @classmethod
+    def start(cls, *, grace_s: float, reuse: bool) -> _Worker:
+        """A new worker process, waiting for its first env; ``reuse``: it serves envs until told to stop
+        (else it exits after one). ``grace_s``: how long it waits, orphaned, before it kills its group."""
+        context = _context()
+        conn, child_conn = context.Pipe()
+        lifeline_reader, lifeline = context.Pipe(duplex=False)
+        process = context.Process(  # type: ignore[attr-defined]
+            target=serve,
+            args=(child_conn, lifeline_reader, grace_s, reuse),
+            name="gym_resilience-env-worker",
+        )
+        try:
+            process.start()
+        except BaseException:
+            conn.close()
+            lifeline.close()
+            raise
+        finally:
+            child_conn.close()
+            lifeline_reader.close()
+        return cls(process, conn, lifeline, reuse=reuse)
 
     @property
     def running(self) -> bool:
         return self._state is _State.RUNNING
 
-    def receive_description(self, timeout: float | None, abort: StartAbort | None) -> dict[str, Any]:
-        """Waits for the worker's first message: the env's description, or what the factory raised.
+    @property
+    def envs_served(self) -> int:
+        return self.envs.served
+
+    @property
+    def reusable(self) -> bool:
+        """Alive, with no env open, and its last env closed cleanly and left nothing behind."""
+        return self.envs.reusable(self._state is _State.RUNNING)
+
+    def serving(self, generation: int) -> bool:
+        return self.envs.serving(self._state is _State.RUNNING, generation)
+
+    def open(
+        self, request: bytes, *, timeout: float | None, abort: StartAbort | None, close_timeout: float
+    ) -> tuple[int, dict[str, Any]]:
+        """Builds an env in the worker from ``request`` (:func:`open_request`): its generation and its
+        description, or raises what the factory raised there.
 
         ``abort`` may kill the worker meanwhile, from another thread; the wait then raises EnvClosedError.
         """
         with self._call_lock:
+            generation = self.envs.next()
+            self.env_id = None
+            self.close_timeout = close_timeout
             try:
                 if abort is not None:
                     # Under the call lock: a kill from abort() leaves the handles to this thread.
                     abort.watch(self)
-                data = self._exchange(None, operation="start", timeout_s=timeout)
+                data = self._exchange(request, operation="start", timeout_s=timeout)
             finally:
                 if abort is not None:
                     abort.forget()
                 self._release_handles_if_ended()
-        description: dict[str, Any] = self._unpack(data)
-        return description
+            description = self.envs.opened(data, self._unpack)
+        return generation, description
 
-    def request(self, command: str, payload: Any, *, operation: str, timeout: float | None) -> Any:
-        """Runs ``command`` in the worker and returns its value, or raises what the env raised there.
+    def request(
+        self, command: str, payload: Any, *, operation: str, timeout: float | None, generation: int
+    ) -> Any:
+        """Runs ``command`` on env ``generation`` and returns its value, or raises what the env raised.
 
         Raises:
             EnvTimeoutError: no reply within ``timeout`` seconds; the worker was killed.
             EnvWorkerDiedError: the worker died before it replied.
-            EnvClosedError: the worker was closed before, or by ``close`` from another thread meanwhile.
+            EnvClosedError: the env was closed before, or by ``close_env`` from another thread meanwhile.
         """
         # An action that cannot be pickled fails here, before anything was sent: the worker is fine.
         message = bytes(ForkingPickler.dumps((command, payload)))
         with self._call_lock:
-            if self._state is not _State.RUNNING:
+            if not self.serving(generation):
                 raise EnvClosedError(operation=operation, env_id=self.env_id)
             try:
                 data = self._exchange(message, operation=operation, timeout_s=timeout)
             finally:
-                # Also when the call succeeded but close() from another thread killed the worker since.
+                # Also when the call succeeded but close_env() from another thread killed the worker since.
                 self._release_handles_if_ended()
         return self._unpack(data)
 
-    def close(self) -> None:
-        """Asks the worker to close its env and exit, within ``close_timeout``; else kills it.
-
-        Does nothing if the worker was already closed, killed or lost. The process is reaped on every path.
+    def close_env(self, generation: int) -> None:
+        """Closes env ``generation`` within ``close_timeout``, else kills the worker; a worker that serves
+        one env only then exits (it is reaped here). Does nothing if that env was closed already, or the
+        worker ended.
 
         Raises:
             EnvTimeoutError: the env's close, or a call still in flight, outlasted ``close_timeout``.
@@ -214,25 +264,31 @@ class _Worker:
         if not self._call_lock.acquire(timeout=timeout):
             # A call is in flight and does not end: kill the worker; that call wakes up with EnvClosedError
             # and releases the handles.
-            if self._end(grace_s=0.0):
+            if self.serving(generation) and self._end(grace_s=0.0):
                 raise EnvTimeoutError(operation="close", timeout_s=timeout, env_id=self.env_id)
             return
         try:
-            if self._state is not _State.RUNNING:
+            if not self.serving(generation):
                 return
             data = self._exchange(CLOSE_REQUEST, operation="close", timeout_s=timeout, deadline=deadline)
-            # The worker exits right after its reply: let it, within what is left of the deadline.
-            self._end(grace_s=max(deadline - time.monotonic(), 0.0))
+            reply = self.envs.judged(data)
+            if not self._reuse:  # it exits right after its reply: let it, within what is left
+                self._end(grace_s=max(deadline - time.monotonic(), 0.0))
         finally:
             self._release_handles_if_ended()
             self._call_lock.release()
-        self._unpack(data)
+        try:
+            self._unpack(reply)
+        except BaseException:
+            self.envs.clean = False  # an env that failed to close may have left anything behind
+            raise
 
-    def abandon(self) -> None:
-        """Reaps a worker that failed to start (it exits by itself after saying why), killing it if not."""
-        with self._call_lock:
-            self._end(grace_s=self.close_timeout)
-            self._release_handles_if_ended()
+    def close(self) -> None:
+        """Closes the env it serves, if any (see :meth:`close_env`), and ends the worker."""
+        try:
+            self.close_env(self.envs.generation)
+        finally:
+            self.kill()
 
     def kill(self) -> None:
         """Kills the worker now, whatever it is doing; safe from any thread, a no-op once it ended."""
@@ -261,7 +317,7 @@ class _Worker:
                 if message is not None:
                     self._conn.send_bytes(message)
                 wait_s = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                ready = multiprocessing.connection.wait([self._conn, self._sentinel], wait_s)
+                ready = self._wait(wait_s)
                 if self._conn in ready:
                     return self._conn.recv_bytes()
             except (EOFError, OSError):  # the pipe broke: the worker is gone
@@ -285,6 +341,15 @@ class _Worker:
             error = EnvWorkerDiedError(operation=operation, exitcode=self.exitcode, env_id=env_id)
         self.lost = error
         raise error
+
+    def _wait(self, timeout_s: float | None) -> list[Any]:
+        """Which of the command pipe and the process's sentinel are ready within ``timeout_s``: one poll
+        object per worker where the platform has poll (``connection.wait`` builds a selector per call)."""
+        if self._poller is None:
+            return multiprocessing.connection.wait([self._conn, self._sentinel], timeout_s)
+        timeout_ms = None if timeout_s is None else math.ceil(timeout_s * 1000)
+        ready = {fd for fd, _ in self._poller.poll(timeout_ms)}
+        return [handle for handle, fd in self._fds if fd in ready]
 
     def _end(self, *, grace_s: float) -> bool:
         """Marks the worker closed and reaps it, killing it unless it exits within ``grace_s``.
@@ -348,21 +413,33 @@ def _close_workers_at_exit() -> None:
 atexit.register(_close_workers_at_exit)
 
 
-def _close_at_collection(worker: _Worker) -> None:
-    """Finalizer: closes the worker of an IsolatedEnv that was collected without being closed."""
-    if not worker.running:
+def _close_at_collection(host: Lease[_Worker]) -> None:
+    """Finalizer: closes the env of an IsolatedEnv that was collected without being closed."""
+    if not host.running:
         return
     try:
-        worker.close()
+        host.close()
     except Exception as exc:  # nobody is left to raise to
         failure = f"; its close raised {describe_exception(exc)}"
     else:
         failure = ""
     warnings.warn(
-        f"unclosed IsolatedEnv (worker pid {worker.pid}) was closed by the garbage collector{failure}",
+        f"unclosed IsolatedEnv (worker pid {host.worker.pid}) was closed by the garbage collector{failure}",
         ResourceWarning,
         stacklevel=1,
     )
+
+
+ProcessWorkers = WorkerPool[_Worker]
+"""A pool of worker processes, each serving isolated envs one after another."""
+
+
+def process_workers(
+    *, size: int | None, reuse: bool, grace_s: float = DEFAULT_CLOSE_TIMEOUT_S
+) -> ProcessWorkers:
+    """A pool of at most ``size`` worker processes (None: no bound), reused from env to env if ``reuse``.
+    ``grace_s``: how long a worker whose parent died waits before it kills its group."""
+    return WorkerPool(functools.partial(_Worker.start, grace_s=grace_s, reuse=reuse), size=size, reuse=reuse)
 
 
 class IsolatedEnv(RemoteEnv):
@@ -379,24 +456,32 @@ class IsolatedEnv(RemoteEnv):
     raised here as itself, with the worker's traceback as a note, or as :class:`UnpicklableEnvError` if it
     cannot be pickled. Calls from several threads are serialized.
 
+    The env gets a worker process of its own, which ends with its close, unless ``workers`` (a pool from
+    :func:`process_workers`) lends it one that served other envs before and serves more after (see
+    :mod:`~gym_resilience.backends.pool`).
+
     Args:
         env_fn: Picklable zero-argument callable that builds the env.
         step_timeout: Deadline of ``step``, ``render`` and attribute reads, in seconds; None: no limit.
         reset_timeout: Deadline of ``reset``; None: no limit.
-        start_timeout: Deadline for the worker to start and ``env_fn`` to return; None: no limit. It
-            does not bound the first isolated env's wait for the fork server, which imports the
-            program's main module once before its first fork (seconds for a script that imports torch
-            or vLLM; a main module whose import hangs hangs that start).
+        start_timeout: Deadline for the env to be built (a worker of its own to start too) and ``env_fn``
+            to return; None: no limit. It does not bound the first isolated env's wait for the fork
+            server, which imports the program's main module once before its first fork (seconds for a
+            script that imports torch or vLLM; a main module whose import hangs hangs that start), nor the
+            wait for a pool's worker to come back when all are busy.
         close_timeout: How long ``close`` waits for the env to close before killing the worker.
         abort: Lets another thread end the start early (see :class:`StartAbort`).
+        workers: The pool to take a worker from; None: a worker of its own.
 
     Raises:
         UnsupportedConfigError: ``env_fn`` cannot be pickled, or a timeout is not a number > 0.
-        EnvTimeoutError: the worker did not start within ``start_timeout`` (it was killed).
-        EnvWorkerDiedError: the worker died while starting.
+        EnvTimeoutError: the env was not built within ``start_timeout`` (its worker was killed).
+        EnvWorkerDiedError: the worker died while building the env.
         EnvClosedError: ``abort`` was aborted before the env started (the worker was killed).
         Exception: what ``env_fn`` raised in the worker, as itself.
     """
+
+    _host: Lease[_Worker]
 
     def __init__(
         self,
@@ -407,13 +492,14 @@ class IsolatedEnv(RemoteEnv):
         start_timeout: float | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
         abort: StartAbort | None = None,
+        workers: ProcessWorkers | None = None,
     ) -> None:
         check_seconds("step_timeout", step_timeout)
         check_seconds("reset_timeout", reset_timeout)
         check_seconds("start_timeout", start_timeout)
         check_seconds("close_timeout", close_timeout, allow_none=False)
         try:
-            pickle.dumps(env_fn)
+            request = open_request(env_fn)
         except Exception as exc:
             raise UnsupportedConfigError(
                 "an isolated env is built in a worker process from a picklable factory (a module-level "
@@ -423,30 +509,19 @@ class IsolatedEnv(RemoteEnv):
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
         self.close_timeout = close_timeout
-        context = _context()
-        conn, child_conn = context.Pipe()
-        lifeline_reader, lifeline = context.Pipe(duplex=False)
-        process = context.Process(  # type: ignore[attr-defined]
-            target=serve,
-            args=(child_conn, lifeline_reader, env_fn, close_timeout),
-            name="gym_resilience-env-worker",
+        pool = (
+            workers if workers is not None else process_workers(size=None, reuse=False, grace_s=close_timeout)
         )
-        try:
-            process.start()
-        finally:
-            child_conn.close()
-            lifeline_reader.close()
-        self._host = self._worker = worker = _Worker(process, conn, lifeline, close_timeout=close_timeout)
-        self._finalizer = weakref.finalize(self, _close_at_collection, worker)
+
+        def open_env(worker: _Worker) -> tuple[int, dict[str, Any]]:
+            return worker.open(request, timeout=start_timeout, abort=abort, close_timeout=close_timeout)
+
+        self._host, description = lease(pool, open_env, abort)
+        self._worker = self._host.worker
+        self._finalizer = weakref.finalize(self, _close_at_collection, self._host)
         # Interpreter exit is _close_workers_at_exit's job: it runs early enough.
         self._finalizer.atexit = False
-        try:
-            description = worker.receive_description(start_timeout, abort)
-        except BaseException:
-            self._finalizer.detach()
-            worker.abandon()
-            raise
-        worker.env_id = self._adopt(description)
+        self._worker.env_id = self._adopt(description)
 
     @property
     def pid(self) -> int:
@@ -454,9 +529,10 @@ class IsolatedEnv(RemoteEnv):
         return self._worker.pid
 
     def close(self) -> None:
-        """Closes the env and ends the worker (see :meth:`_Worker.close`); later calls do nothing."""
+        """Closes the env (see :meth:`_Worker.close_env`) and gives its worker back; later calls do
+        nothing."""
         self._finalizer.detach()
-        self._worker.close()
+        self._host.close()
 
     def __repr__(self) -> str:
         return f"<IsolatedEnv{getattr(self, '_name', '')} pid={self.pid}>"

@@ -1,4 +1,4 @@
-"""The worker process of an isolated env: builds the env, then serves the parent's requests.
+"""The worker process of isolated envs: builds each env, then serves the parent's requests to it.
 
 Each worker leads its own process group, so that killing the group ends what the env started (a shell, a
 tool server). A second pipe, the lifeline, is never written to: at its end of file (the parent died
@@ -18,7 +18,8 @@ from typing import Any, NoReturn
 
 import gymnasium
 
-from gym_resilience.backends.protocol import EnvFn, answer_request, build_env
+from gym_resilience.backends.baseline import WorkerBaseline, become_subreaper
+from gym_resilience.backends.protocol import answer_ending, answer_open, unpack_ending
 
 __all__ = ["serve"]
 
@@ -55,8 +56,10 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: EnvFn, grace_s: float) -> None:
-    """The worker's main function: builds the env, then serves requests until ``close`` or orphaned."""
+def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], grace_s: float, reuse: bool) -> None:
+    """The worker's main function: builds an env for each ``open`` request and serves it until its
+    ``close``; exits after one env unless ``reuse``, after an env that left something behind, or once
+    orphaned."""
     if hasattr(os, "setsid"):
         # A group of its own, which the parent kills whole: the env's subprocesses go with the worker.
         os.setsid()
@@ -65,21 +68,34 @@ def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], env_fn: En
     threading.Thread(
         target=_exit_when_orphaned, args=(lifeline, grace_s), name="lifeline", daemon=True
     ).start()
-    env, ready = build_env(env_fn)
+    baseline: WorkerBaseline | None = None
+    if reuse:
+        become_subreaper()  # so that the orphans of what an env started still count as its leftovers
+        baseline = WorkerBaseline()
+    env: gymnasium.Env[Any, Any] | None = None
     try:
-        conn.send_bytes(ready)
-        while env is not None and _serve_one(conn, env):
-            pass
+        while True:
+            env, reply = answer_open(conn.recv_bytes(), baseline)
+            conn.send_bytes(reply)
+            if env is not None:
+                reply = _serve_env(conn, env, baseline)
+                env = None
+            if baseline is None or unpack_ending(reply)[1] is not None:
+                break  # one env only, or the env left something behind: the parent kills what is left
     except (EOFError, OSError):  # the parent went away without a close request
         if env is not None:
             with contextlib.suppress(Exception):
                 env.close()
         _end_orphaned_group()
-    _exit_now(0)  # closed, or its build failed and was reported
+    _exit_now(0)
 
 
-def _serve_one(conn: Connection[Any, Any], env: gymnasium.Env[Any, Any]) -> bool:
-    """Serves one request; returns whether to go on (False after ``close``)."""
-    reply, command = answer_request(env, conn.recv_bytes())
-    conn.send_bytes(reply)
-    return command != "close"
+def _serve_env(
+    conn: Connection[Any, Any], env: gymnasium.Env[Any, Any], baseline: WorkerBaseline | None
+) -> bytes:
+    """Serves ``env`` until its ``close``; returns the reply to that close, already sent."""
+    while True:
+        reply, closed = answer_ending(env, conn.recv_bytes(), baseline)
+        conn.send_bytes(reply)
+        if closed:
+            return reply

@@ -13,11 +13,14 @@ A request and its reply are pickled bytes, strictly alternating. Requests are ``
 - ``("render", None)``: ``env.render()``;
 - ``("getattr", (name, on_unwrapped))``: ``getattr(env.unwrapped if on_unwrapped else env, name)``;
 - ``("setattr", (name, value, on_unwrapped))``: the same for ``setattr``;
-- ``("close", None)``: ``env.close()``; the host ends after its reply.
+- ``("close", None)``: ``env.close()``.
 
 Replies are ``("ok", value)`` or ``("raised", pickled exception or None, type name, str, traceback, why it
-did not pickle)``. The host's first reply, once the factory built the env, is ``("ok", description)``
-(spaces, metadata, render mode, spec, name) or ``("raised", ...)``.
+did not pickle)``. A host serves one env after another: each starts with ``("open", env_fn)``, answered
+once the factory built the env with ``("ok", description)`` (spaces, metadata, render mode, spec, name) or
+``("raised", ...)``. The replies to ``open`` and ``close`` come with a verdict, ``(reply, verdict)`` pickled:
+None, or what the env (or its failed build) left behind in the host
+(:class:`~gym_resilience.backends.baseline.WorkerBaseline`), which retires the host.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import gymnasium
 import numpy as np
 from gymnasium.core import RenderFrame
 
+from gym_resilience.backends.baseline import WorkerBaseline
 from gym_resilience.errors import EnvError, UnpicklableEnvError, describe_exception, exception_message
 
 __all__ = [
@@ -48,9 +52,14 @@ __all__ = [
     "RemoteEnv",
     "StartAbort",
     "WorkerEnv",
+    "answer_ending",
+    "answer_open",
     "answer_request",
     "build_env",
     "checked_env",
+    "open_env",
+    "open_request",
+    "unpack_ending",
     "unpack_reply",
 ]
 
@@ -201,6 +210,33 @@ def checked_env(value: object, factory: object) -> gymnasium.Env[Any, Any]:
     raise error
 
 
+_last_described: list[tuple[dict[str, Any], bytes]] = []
+"""The last description this host sent and its reply: a worker that serves one factory's envs sends the
+same description each time, and pickling spaces (a ``Text`` space's character tables) costs more than the
+rest of a cheap env's rollout."""
+
+
+def _unseeded(description: dict[str, Any]) -> bool:
+    """Whether the spaces have no random generator yet (a seeded one's state would differ from env to env,
+    and equality does not compare it)."""
+    spaces = (description["observation_space"], description["action_space"])
+    return all(getattr(space, "_np_random", None) is None for space in spaces)
+
+
+def _described(description: dict[str, Any]) -> bytes:
+    """The ``("ok", description)`` reply, pickled, or the last one again if it describes the same env."""
+    if _last_described and _unseeded(description):
+        last, reply = _last_described[0]
+        try:
+            if last == description:
+                return reply
+        except Exception:  # spaces whose comparison fails: pickle this one
+            pass
+    reply = bytes(ForkingPickler.dumps(("ok", description)))
+    _last_described[:] = [(description, reply)] if _unseeded(description) else []
+    return reply
+
+
 def build_env(env_fn: EnvFn) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
     """Builds the env where it will live: the env and the ``("ok", description)`` reply, or None and the
     ``("raised", ...)`` reply saying what ``env_fn`` raised, or that it returned no env (see
@@ -208,7 +244,7 @@ def build_env(env_fn: EnvFn) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
     env: gymnasium.Env[Any, Any] | None = None
     try:
         env = checked_env(env_fn(), env_fn)
-        return env, bytes(ForkingPickler.dumps(("ok", _describe(env))))
+        return env, _described(_describe(env))
     except BaseException as exc:
         if env is not None:
             with contextlib.suppress(Exception):
@@ -230,7 +266,47 @@ def answer_request(env: gymnasium.Env[Any, Any], data: bytes) -> tuple[bytes, st
         return bytes(ForkingPickler.dumps(_raised_reply(exc))), command
 
 
+def _with_verdict(reply: bytes, baseline: WorkerBaseline | None) -> bytes:
+    verdict = baseline.changes() if baseline is not None else None
+    return bytes(ForkingPickler.dumps((reply, verdict)))
+
+
+def answer_open(data: bytes, baseline: WorkerBaseline | None) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
+    """Builds the env an ``open`` request asks for: the env (None if its build failed) and the reply with
+    its verdict (``baseline``: the host's, if it serves more envs; else None). A built env's verdict is
+    None: it is judged at its close."""
+    _, env_fn = pickle.loads(data)
+    return open_env(env_fn, baseline)
+
+
+def open_env(env_fn: EnvFn, baseline: WorkerBaseline | None) -> tuple[gymnasium.Env[Any, Any] | None, bytes]:
+    """:func:`answer_open` for a factory that arrived unpickled (a Ray actor's argument)."""
+    env, reply = build_env(env_fn)
+    return env, _with_verdict(reply, baseline if env is None else None)
+
+
+def answer_ending(
+    env: gymnasium.Env[Any, Any], data: bytes, baseline: WorkerBaseline | None
+) -> tuple[bytes, bool]:
+    """:func:`answer_request`, the reply to ``close`` with its verdict; and whether the env is closed."""
+    reply, command = answer_request(env, data)
+    if command != "close":
+        return reply, False
+    return _with_verdict(reply, baseline), True
+
+
 # --- the caller's side -------------------------------------------------------------------------------
+
+
+def open_request(env_fn: EnvFn) -> bytes:
+    """The pickled ``open`` request of ``env_fn`` (raises what pickling it raises)."""
+    return bytes(ForkingPickler.dumps(("open", env_fn)))
+
+
+def unpack_ending(data: bytes) -> tuple[bytes, str | None]:
+    """The reply and the verdict of a reply to ``open`` or ``close``."""
+    reply, verdict = pickle.loads(data)
+    return reply, verdict
 
 
 def unpack_reply(data: bytes, *, where: str, env_id: str | None) -> Any:
@@ -310,6 +386,11 @@ class WorkerEnv(gymnasium.Env[Any, Any], abc.ABC):
     def closed(self) -> bool:
         """Whether the worker was closed, killed or lost."""
 
+    def kill(self) -> None:
+        """Ends the worker at once, whatever it is doing: the env counts as lost, a call in flight raises
+        :class:`EnvClosedError`. By default, closes it."""
+        self.close()
+
 
 class RemoteEnv(WorkerEnv):
     """The local surface of an env that lives elsewhere (a worker process, a Ray actor).
@@ -337,6 +418,10 @@ class RemoteEnv(WorkerEnv):
     def close(self) -> None:
         """Closes the env where it lives and ends its host; later calls do nothing."""
         self._host.close()
+
+    def kill(self) -> None:
+        """Kills the env's host now (a worker process, an actor), from any thread."""
+        self._host.kill()
 
     def _request(self, command: str, payload: Any, *, operation: str, timeout: float | None) -> Any:
         """Runs ``command`` on the env and returns its value, or raises what the env raised."""

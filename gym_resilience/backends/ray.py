@@ -30,15 +30,17 @@ from typing import Any, Final
 
 import gymnasium
 
+from gym_resilience.backends.baseline import WorkerBaseline
 from gym_resilience.backends.deadlines import check_seconds
+from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
 from gym_resilience.backends.protocol import (
     CLOSE_REQUEST,
     DEFAULT_CLOSE_TIMEOUT_S,
     EnvFn,
     RemoteEnv,
     StartAbort,
-    answer_request,
-    build_env,
+    answer_ending,
+    open_env,
     unpack_reply,
 )
 from gym_resilience.errors import (
@@ -50,7 +52,7 @@ from gym_resilience.errors import (
     UnsupportedConfigError,
 )
 
-__all__ = ["DEFAULT_ACTOR_OPTIONS", "RAY_EXTRA", "RayEnv"]
+__all__ = ["DEFAULT_ACTOR_OPTIONS", "RAY_EXTRA", "RayEnv", "RayWorkers", "ray_workers"]
 
 RAY_EXTRA = "'gym-resilience[ray]'"
 """The extra that installs Ray."""
@@ -105,24 +107,28 @@ def import_ray() -> Any:
 
 
 class _EnvHost:
-    """The actor that holds one env; every method answers with a pickled reply and never raises."""
+    """The actor that holds one env after another; every method answers with a pickled reply and never
+    raises. After each env it checks what the env left behind (:class:`WorkerBaseline`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = False) -> None:
         self._env: gymnasium.Env[Any, Any] | None = None
+        self._baseline = WorkerBaseline() if reuse else None
 
     def node_id(self) -> str:
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def start(self, env_fn: EnvFn) -> bytes:
-        self._env, reply = build_env(env_fn)
+    def open(self, env_fn: EnvFn) -> bytes:
+        self._env, reply = open_env(env_fn, self._baseline)
         return reply
 
     def call(self, request: bytes) -> bytes:
         if self._env is None:  # never: the parent only calls an env that started
             raise RuntimeError("the env was not built")
-        reply, _ = answer_request(self._env, request)
+        reply, closed = answer_ending(self._env, request, self._baseline)
+        if closed:
+            self._env = None
         return reply
 
 
@@ -218,17 +224,20 @@ def _node_from_gcs(ray: Any, actor_id: str, timeout: float) -> str | None:
 class _Actor:
     """The parent's handle on one env actor: the calls (one at a time) and the state.
 
-    As with a worker process, ``close`` or ``kill`` may run from another thread while a call waits: they
-    kill the actor, and the waiting call wakes up and raises :class:`EnvClosedError`.
+    As with a worker process, it serves one env at a time (``generation`` counts them), and ``close_env``
+    or ``kill`` may run from another thread while a call waits: they kill the actor, and the waiting call
+    wakes up and raises :class:`EnvClosedError`.
     """
 
-    def __init__(self, ray: Any, handle: Any, where: Any, *, close_timeout: float) -> None:
+    def __init__(self, ray: Any, handle: Any, where: Any, *, reuse: bool) -> None:
         self._ray = ray
         self.handle = handle
         self._where = where  # the reply of node_id(), submitted first: it may outlive the actor
+        self._reuse = reuse
+        self.envs = EnvTurns(reuse)
         self.actor_id: str = handle._actor_id.hex()
         self.node_id: str | None = None
-        self.close_timeout = close_timeout
+        self.close_timeout = DEFAULT_CLOSE_TIMEOUT_S
         self.env_id: str | None = None
         self.lost: EnvError | None = None
         self._call_lock = threading.Lock()
@@ -238,43 +247,64 @@ class _Actor:
         _ACTORS.add(self)
 
     @classmethod
-    def create(cls, ray: Any, options: Mapping[str, Any], *, close_timeout: float) -> _Actor:
+    def create(cls, options: Mapping[str, Any], *, reuse: bool) -> _Actor:
         """A new env actor with ``options``, asked for its node first (no handle is left in this frame)."""
-        handle = _host_class().options(**options).remote()
-        return cls(ray, handle, handle.node_id.remote(), close_timeout=close_timeout)
+        ray = import_ray()
+        handle = _host_class().options(**options).remote(reuse)
+        return cls(ray, handle, handle.node_id.remote(), reuse=reuse)
 
-    def start(self, env_fn: EnvFn, timeout: float | None, abort: StartAbort | None) -> dict[str, Any]:
-        """Builds the env in the actor: its description, or what ``env_fn`` raised there."""
+    @property
+    def envs_served(self) -> int:
+        return self.envs.served
+
+    @property
+    def reusable(self) -> bool:
+        """Alive, with no env open, and its last env closed cleanly and left nothing behind."""
+        return self.envs.reusable(self.running)
+
+    def serving(self, generation: int) -> bool:
+        return self.envs.serving(self.running, generation)
+
+    def open(
+        self, env_fn: EnvFn, *, timeout: float | None, abort: StartAbort | None, close_timeout: float
+    ) -> tuple[int, dict[str, Any]]:
+        """Builds an env in the actor: its generation and description, or what ``env_fn`` raised there."""
         with self._call_lock:
+            generation = self.envs.next()
+            self.env_id = None
+            self.close_timeout = close_timeout
             if abort is not None:
                 abort.watch(self)
             try:
-                reply = self._exchange(self.handle.start.remote(env_fn), operation="start", timeout=timeout)
+                data = self._exchange(self.handle.open.remote(env_fn), operation="start", timeout=timeout)
             finally:
                 if abort is not None:
                     abort.forget()
-        self._find_node()
-        description: dict[str, Any] = self._unpack(reply)
-        return description
+            self._find_node()
+            description = self.envs.opened(data, self._unpack)
+        return generation, description
 
-    def request(self, command: str, payload: Any, *, operation: str, timeout: float | None) -> Any:
-        """Runs ``command`` in the actor and returns its value, or raises what the env raised there.
+    def request(
+        self, command: str, payload: Any, *, operation: str, timeout: float | None, generation: int
+    ) -> Any:
+        """Runs ``command`` on env ``generation`` and returns its value, or raises what the env raised.
 
         Raises:
             EnvTimeoutError: no reply within ``timeout`` seconds; the actor was killed.
             EnvWorkerDiedError: the actor, or its node, died before it replied.
-            EnvClosedError: the env was closed before, or by ``close`` from another thread meanwhile.
+            EnvClosedError: the env was closed before, or by ``close_env`` from another thread meanwhile.
         """
         # An action that cannot be pickled fails here, before anything was sent: the actor is fine.
         request = pickle.dumps((command, payload))
         with self._call_lock:
-            if not self.running:
+            if not self.serving(generation):
                 raise EnvClosedError(operation=operation, env_id=self.env_id)
             reply = self._exchange(self.handle.call.remote(request), operation=operation, timeout=timeout)
         return self._unpack(reply)
 
-    def close(self) -> None:
-        """Asks the actor to close its env within ``close_timeout``, then kills it (on every path).
+    def close_env(self, generation: int) -> None:
+        """Asks the actor to close env ``generation`` within ``close_timeout``; kills the actor past it, or
+        after the close if it serves one env only. Does nothing if that env was closed already.
 
         Raises:
             EnvTimeoutError: the env's close, or a call still in flight, outlasted ``close_timeout``.
@@ -288,22 +318,28 @@ class _Actor:
         deadline = time.monotonic() + timeout
         if not self._call_lock.acquire(timeout=timeout):
             # A call is in flight and does not end: the kill ends it (it raises EnvClosedError).
-            if self._end():
+            if self.serving(generation) and self._end():
                 raise EnvTimeoutError(operation="close", timeout_s=timeout, env_id=self.env_id)
             return
         try:
-            if not self.running:
+            if not self.serving(generation):
                 return
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
-                reply = self._exchange(
+                data = self._exchange(
                     self.handle.call.remote(CLOSE_REQUEST), operation="close", timeout=remaining
                 )
+                reply = self.envs.judged(data)
             finally:
-                self._end()
+                if not self._reuse:
+                    self._end()
         finally:
             self._call_lock.release()
-        self._unpack(reply)
+        try:
+            self._unpack(reply)
+        except BaseException:
+            self.envs.clean = False  # an env that failed to close may have left anything behind
+            raise
 
     def kill(self) -> None:
         """Kills the actor now, whatever it is doing; safe from any thread, a no-op once it ended."""
@@ -389,6 +425,21 @@ class _Actor:
         return unpack_reply(data, where=where, env_id=self.env_id)
 
 
+RayWorkers = WorkerPool[_Actor]
+"""A pool of env actors, each serving Ray envs one after another."""
+
+
+def ray_workers(actor_options: Mapping[str, Any] | None, *, size: int | None, reuse: bool) -> RayWorkers:
+    """A pool of at most ``size`` env actors (None: no bound) with ``actor_options``, reused from env to
+    env if ``reuse``. Nothing starts before an env needs an actor.
+
+    Raises:
+        UnsupportedConfigError: ``actor_options`` asks for restarts, a name or a detached actor.
+    """
+    options = _actor_options(actor_options, None)
+    return WorkerPool(functools.partial(_Actor.create, options, reuse=reuse), size=size, reuse=reuse)
+
+
 class RayEnv(RemoteEnv):
     """A local stand-in for an env that runs in a Ray actor, which a deadline kills.
 
@@ -416,6 +467,8 @@ class RayEnv(RemoteEnv):
         close_timeout: How long ``close`` waits for the env to close before killing the actor.
         abort: Lets another thread end the start early (see :class:`StartAbort`).
         name: The actor's name in Ray (unique within its namespace), to find it with Ray's tools.
+        workers: A pool of actors (:func:`ray_workers`) to take the env's actor from, which serves
+            other envs before and after it; None: an actor of its own, killed after the close.
 
     Raises:
         DependencyNotInstalledError: ray is not installed.
@@ -426,6 +479,8 @@ class RayEnv(RemoteEnv):
         EnvClosedError: ``abort`` was aborted before the env started (the actor was killed).
         Exception: what ``env_fn`` raised in the actor, as itself.
     """
+
+    _host: Lease[_Actor]
 
     def __init__(
         self,
@@ -438,25 +493,43 @@ class RayEnv(RemoteEnv):
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT_S,
         abort: StartAbort | None = None,
         name: str | None = None,
+        workers: RayWorkers | None = None,
     ) -> None:
         check_seconds("step_timeout", step_timeout)
         check_seconds("reset_timeout", reset_timeout)
         check_seconds("start_timeout", start_timeout)
         check_seconds("close_timeout", close_timeout, allow_none=False)
-        options = _actor_options(actor_options, name)
-        ray = import_ray()
+        if workers is not None and (actor_options is not None or name is not None):
+            raise UnsupportedConfigError(
+                "the actors of a pool of workers take the pool's options, not the env's",
+                option="actor_options" if actor_options is not None else "name",
+            )
+        pool = workers
+        if pool is None:
+            options = _actor_options(actor_options, name)
+            import_ray()
+            pool = WorkerPool(functools.partial(_Actor.create, options, reuse=False), size=None, reuse=False)
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
         self.close_timeout = close_timeout
-        self._host = self._actor = actor = _Actor.create(ray, options, close_timeout=close_timeout)
+        taken: list[_Actor] = []
+
+        def open_on(actor: _Actor) -> tuple[int, dict[str, Any]]:
+            taken.append(actor)
+            return actor.open(env_fn, timeout=start_timeout, abort=abort, close_timeout=close_timeout)
+
         try:
-            description = actor.start(env_fn, start_timeout, abort)
+            self._host, description = lease(pool, open_on, abort)
         except BaseException:
-            actor.kill()
-            # The error keeps this frame and the actor's: neither keeps a reference to the dead actor.
-            actor.forget()
+            for actor in taken:
+                if not actor.running:
+                    # The error keeps this frame and the actor's: neither keeps a reference to the dead actor.
+                    actor.forget()
             raise
-        actor.env_id = self._adopt(description)
+        finally:
+            taken.clear()
+        self._actor = self._host.worker
+        self._actor.env_id = self._adopt(description)
 
     @property
     def actor_id(self) -> str:

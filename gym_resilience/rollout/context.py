@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gym_resilience.backends.choice import BackendEnv, EnvFactory, make_env
+from gym_resilience.backends.pool import WorkerPool
 from gym_resilience.backends.protocol import StartAbort
 from gym_resilience.config import RunnerConfig
 from gym_resilience.engines.base import Engine, Sampling
@@ -23,8 +25,8 @@ __all__ = ["RolloutContext"]
 @dataclass(frozen=True, slots=True)
 class RolloutContext:
     """One attempt at one rollout: the batch's parts (engine, codec, env factory, config, env pool, late
-    closes, open envs, start line) and the rollout's own (task, trajectory id, progress). A retry gets a
-    new one with a fresh ``Progress``.
+    closes, open envs, start line, the runner's env workers) and the rollout's own (task, trajectory id,
+    progress). A retry gets a new one with a fresh ``Progress``.
     """
 
     engine: Engine
@@ -38,6 +40,7 @@ class RolloutContext:
     task: Task
     trajectory_id: TrajectoryId
     progress: Progress
+    workers: WorkerPool[Any] | None = None
 
     @property
     def index(self) -> int:
@@ -55,4 +58,4 @@ class RolloutContext:
 
     def make_env(self, abort: StartAbort) -> BackendEnv:
         """The rollout's env, where the config says it runs (``abort`` kills a worker still starting)."""
-        return make_env(self.env_factory, self.task, self.config, abort)
+        return make_env(self.env_factory, self.task, self.config, abort, self.workers)

@@ -98,6 +98,8 @@ class EnvCalls:
         self._lock = threading.Lock()
         self._last: asyncio.Future[Any] | None = None  # the last call started
         self._closing: asyncio.Future[None] | None = None
+        self._closing_apart = False  # the close runs on a thread of its own (it can kill a stuck worker)
+        self._last_step_returned: threading.Event | None = None  # a remote env's, its close queued behind
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
         lock = self._lock
@@ -143,10 +145,13 @@ class EnvCalls:
         """Start closing ``env`` (once: a close already queued is returned). It runs after the call in
         flight, on that call's thread (it takes no second one to wait there); an isolated env's close
         runs beside that call instead, on a thread of its own, since it must kill a stuck worker even
-        when every pool thread is stuck."""
-        if self._closing is None:
+        when every pool thread is stuck (also when a close queued behind its last step waits there)."""
+        returned = self._last_step_returned
+        stuck = returned is not None and not returned.is_set()  # the close queued behind it waits too
+        if self._closing is None or (stuck and not self._closing_apart):
             close = self._closer(env.env)
             if env.remote:
+                self._closing_apart = True
                 self._closing = self._pool.submit_apart(close)
             elif self._last is None:
                 self._closing = self.submit(close)
@@ -160,13 +165,22 @@ class EnvCalls:
 
     def last_step(self, env: BackendEnv, action: Any) -> asyncio.Future[Any]:
         """Start ``env.step(action)`` with the env's close queued behind it in the same hop (the rollout
-        ends whatever the step does); ``close`` then returns that close. An isolated env steps alone: its
-        close must be able to run beside a stuck step."""
+        ends whatever the step does); ``close`` then returns that close, or, for an isolated env whose
+        step is stuck, starts one beside it that kills the worker."""
+        close = self._closer(env.env)
         if env.remote:
-            return self.submit(env.env.step, action)
-        step, self._closing = self._pool.submit_all(
-            self._locked(env.env.step, action), self._locked(self._closer(env.env))
-        )
+            self._last_step_returned = returned = threading.Event()
+
+            def step_and_say() -> Any:
+                try:
+                    return env.env.step(action)
+                finally:
+                    returned.set()
+
+            step_now, close_after = self._locked(step_and_say), close
+        else:
+            step_now, close_after = self._locked(env.env.step, action), self._locked(close)
+        step, self._closing = self._pool.submit_all(step_now, close_after)
         self._last = step
         return step
 
@@ -228,15 +242,20 @@ class _EnvBuild:
 
     def run(self) -> tuple[BackendEnv, Outcome | None]:
         """Build the env and reset it (in the pool thread), and hand both over, or close the env if the
-        rollout left. An isolated env is handed over unreset (None): its reset is a call of its own, so
-        that a rollout giving up can kill a stuck reset by closing the env beside it."""
+        rollout left. A rollout that gives up during an isolated env's reset kills its worker, as while
+        it starts."""
         if self._abandoned:
             raise _Abandoned
         env = self._make(self._abort)
         self._call.opened(env)
         reset = None
-        if not self._abandoned and not env.remote:
-            reset = _timed(lambda: self._reset(env.env))
+        if not self._abandoned:
+            if env.worker is not None:
+                self._abort.watch(env.worker)
+            try:
+                reset = _timed(lambda: self._reset(env.env))
+            finally:
+                self._abort.forget()
         with self._lock:
             if not self._abandoned:
                 self._handed = True

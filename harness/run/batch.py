@@ -240,7 +240,9 @@ async def _run_recorded(
                         produced = await scenario.pipeline(tasks, factory, faulty)
                     trajectories, output, ends = _normalise(produced, scenario)
                 else:
-                    result = await BatchRunner(faulty, factory, config).generate(tasks)
+                    # Closed here: its warm env workers (processes, Ray actors) end with the run.
+                    async with BatchRunner(faulty, factory, config) as runner:
+                        result = await runner.generate(tasks)
                     trajectories, output, metrics = result.trajectories, result.output, result.metrics
                     attempts = list(result.attempts)
                     ends = RolloutEnds.of_batch(result)

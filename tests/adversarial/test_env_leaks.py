@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from doubles import SETTLE_S, EnvCounts, Factory, env_fn, factory, hang_on, tasks
-from leaks import eventually, no_leaks, wait_until, worker_processes
+from leaks import alive_workers, eventually, no_leaks, wait_until, worker_processes
 
 from gym_resilience import (
     BatchRunner,
@@ -136,24 +136,27 @@ async def test_cancelling_generate_while_isolated_envs_are_built_kills_their_wor
 
 async def test_an_isolated_factory_that_never_returns_is_killed_at_the_create_deadline() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, env_create_timeout_s=1.0)
-    runner = BatchRunner(ScriptedEngine(), stuck({"t1"}), config)
     with no_leaks():
-        # A liveness guard, not a speed check: without the deadline this batch would never finish.
-        result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
-        assert [trajectory.is_placeholder for trajectory in result.trajectories] == [False, True, False]
-        error = result.failures[0].exception
-        assert isinstance(error, EnvTimeoutError)
-        assert str(error) == "env start exceeded its 1 s deadline"
+        async with BatchRunner(ScriptedEngine(), stuck({"t1"}), config) as runner:
+            # A liveness guard, not a speed check: without the deadline this batch would never finish.
+            result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
+            assert [trajectory.is_placeholder for trajectory in result.trajectories] == [False, True, False]
+            error = result.failures[0].exception
+            assert isinstance(error, EnvTimeoutError)
+            assert str(error) == "env start exceeded its 1 s deadline"
+            # The stuck worker is gone; the two that served the other rollouts wait for the next batch.
+            assert len(worker_processes()) == alive_workers(runner) == 2
         assert worker_processes() == set()
 
 
 async def test_an_isolated_factory_that_never_returns_is_killed_at_the_rollout_deadline() -> None:
     config = RunnerConfig(skip_failed_rollouts=True, isolate_envs=True, rollout_timeout_s=1.0)
-    runner = BatchRunner(ScriptedEngine(), stuck({"t0"}), config)
     with no_leaks():
-        result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
-        assert isinstance(result.failures[0].exception, RolloutTimeoutError)
-        assert result.metrics["envs_closed_late"] == 0.0
+        async with BatchRunner(ScriptedEngine(), stuck({"t0"}), config) as runner:
+            result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
+            assert isinstance(result.failures[0].exception, RolloutTimeoutError)
+            assert result.metrics["envs_closed_late"] == 0.0
+            assert len(worker_processes()) == alive_workers(runner) == 2
         assert worker_processes() == set()
 
 
@@ -161,11 +164,12 @@ async def test_an_isolated_step_stuck_without_a_step_deadline_is_killed_when_its
     config = RunnerConfig(
         skip_failed_rollouts=True, isolate_envs=True, rollout_timeout_s=1.0, close_timeout_s=GIVE_UP_S
     )
-    runner = BatchRunner(ScriptedEngine(), stuck({"t2"}, phase="step"), config)
     with no_leaks():
-        result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
-        failure = result.failures[0]
-        assert isinstance(failure.exception, RolloutTimeoutError) and failure.phase == "step"
+        async with BatchRunner(ScriptedEngine(), stuck({"t2"}, phase="step"), config) as runner:
+            result = await asyncio.wait_for(runner.generate(tasks(3)), SETTLE_S)
+            failure = result.failures[0]
+            assert isinstance(failure.exception, RolloutTimeoutError) and failure.phase == "step"
+            assert len(worker_processes()) == alive_workers(runner) == 2
     assert worker_processes() == set()
 
 

@@ -278,7 +278,8 @@ async def test_a_batch_on_ray_runs_real_envs_on_the_node_its_actor_options_pin(
         env_step_timeout_s=30.0,
     )
     tasks = generate_tasks(4, seed=0, max_turns=2)
-    result = await BatchRunner(ScriptedEngine(), word_game_factory, config).generate(tasks)
+    async with BatchRunner(ScriptedEngine(), word_game_factory, config) as runner:
+        result = await runner.generate(tasks)
     threaded = await BatchRunner(ScriptedEngine(), word_game_factory, RunnerConfig(max_turns=2)).generate(
         tasks
     )
@@ -328,9 +329,9 @@ async def test_a_factory_that_returns_no_env_fails_with_the_threads_type_error_a
         closes = tmp_path / f"{backend}.closes"
         for returned in (None, ClosableNotAnEnv(str(closes))):
             config = RunnerConfig(max_turns=1, env_backend=backend)  # type: ignore[arg-type]
-            runner = BatchRunner(ScriptedEngine(), functools.partial(returns, returned), config)
-            with pytest.raises(TypeError) as caught:
-                await runner.generate(plain_tasks(1))
+            async with BatchRunner(ScriptedEngine(), functools.partial(returns, returned), config) as runner:
+                with pytest.raises(TypeError) as caught:
+                    await runner.generate(plain_tasks(1))
             assert root_cause(caught.value) is caught.value
             failures.append(
                 (type(caught.value), str(caught.value), closes.read_text() if closes.exists() else "")
@@ -355,8 +356,9 @@ async def test_a_factory_that_returns_no_env_fails_with_the_threads_type_error_a
 
 async def test_a_failed_batch_leaves_no_env_actor_alive(ray_cluster: LocalCluster) -> None:
     config = RunnerConfig(max_turns=2, env_backend="ray")
-    with pytest.raises(EnvStepError):
-        await BatchRunner(ScriptedEngine(delay_s=0.2), failing_for_task_2, config).generate(plain_tasks(4))
+    async with BatchRunner(ScriptedEngine(delay_s=0.2), failing_for_task_2, config) as runner:
+        with pytest.raises(EnvStepError):
+            await runner.generate(plain_tasks(4))
     assert_no_env_actor_alive(ray_cluster)
 
 
@@ -371,11 +373,12 @@ def slow_echo(env: ScriptableEnv, action: Any) -> Any:
 
 async def test_a_batch_cancelled_mid_flight_leaves_no_env_actor_alive(ray_cluster: LocalCluster) -> None:
     config = RunnerConfig(max_turns=20, env_backend="ray")
-    batch = asyncio.ensure_future(BatchRunner(ScriptedEngine(), slow_env, config).generate(plain_tasks(4)))
-    await asyncio.to_thread(wait_until, lambda: len(ray_cluster.alive_actors(HOST)) >= 2, "envs started")
-    batch.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await batch
+    async with BatchRunner(ScriptedEngine(), slow_env, config) as runner:
+        batch = asyncio.ensure_future(runner.generate(plain_tasks(4)))
+        await asyncio.to_thread(wait_until, lambda: len(ray_cluster.alive_actors(HOST)) >= 2, "envs started")
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
     assert_no_env_actor_alive(ray_cluster)
 
 
@@ -391,7 +394,8 @@ async def test_a_worker_node_removed_mid_batch_costs_no_rollout_and_leaves_no_ac
         retry=RetryPolicy(attempts=3, initial_delay_s=0.0, jitter_s=0.1, retry_on=(EnvWorkerDiedError,)),
     )
     tasks = plain_tasks(32)
-    batch = asyncio.ensure_future(BatchRunner(ScriptedEngine(), slow_env, config).generate(tasks))
+    runner = BatchRunner(ScriptedEngine(), slow_env, config)
+    batch = asyncio.ensure_future(runner.generate(tasks))
 
     def on_victim() -> int:
         return sum(r.node_id == victim and r.state == "ALIVE" for r in ray_cluster.actors(HOST))
@@ -403,7 +407,13 @@ async def test_a_worker_node_removed_mid_batch_costs_no_rollout_and_leaves_no_ac
         remover.start()
         await asyncio.to_thread(remover.join)
         result = await asyncio.wait_for(batch, timeout=GIVE_UP_S * 3)
+        # The actors left serve the next batch; none of them is on the lost node.
+        alive = {r.actor_id: r.node_id for r in ray_cluster.actors(HOST) if r.state == "ALIVE"}
+        assert victim not in alive.values()
+        again = await runner.generate(plain_tasks(8))
+        assert not again.failures
     finally:
+        await runner.close()
         if victim not in ray_cluster.worker_node_ids():
             ray_cluster.add_node()  # the next tests get three nodes again
     assert len(result.trajectories) == len(tasks)
@@ -633,7 +643,7 @@ def test_a_forked_child_holds_every_env_actors_handle_from_the_moment_it_starts(
     from gym_resilience.backends import ray as ray_env
 
     handle, where = SimpleNamespace(_actor_id=SimpleNamespace(hex=lambda: "a1")), object()
-    actor = ray_env._Actor(None, handle, where, close_timeout=1.0)
+    actor = ray_env._Actor(None, handle, where, reuse=False)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -671,12 +681,12 @@ def test_an_actors_node_comes_from_the_gcs_when_the_actor_never_said_alive_or_de
     )
     assert ray.get(handle.node_id.remote(), timeout=GIVE_UP_S) == node  # placed and running
     # As an actor whose answer to node_id() never came (it died first): the GCS says where it went.
-    actor = _Actor(ray, handle, fails.remote(), close_timeout=1.0)
+    actor = _Actor(ray, handle, fails.remote(), reuse=False)
     actor._find_node()
     assert actor.node_id == node
     actor.kill()
     assert_dead(ray_cluster, actor.actor_id)
-    dead = _Actor(ray, handle, fails.remote(), close_timeout=1.0)
+    dead = _Actor(ray, handle, fails.remote(), reuse=False)
     dead._find_node()
     assert dead.node_id == node
 
@@ -687,7 +697,7 @@ def test_an_actor_that_was_never_placed_has_no_node_and_the_lookup_is_bounded(
     from gym_resilience.backends.ray import _Actor, _host_class
 
     handle = _host_class().options(num_cpus=0, resources={"no_such_resource": 1}).remote()
-    actor = _Actor(ray, handle, handle.node_id.remote(), close_timeout=1.0)
+    actor = _Actor(ray, handle, handle.node_id.remote(), reuse=False)
     start = time.monotonic()
     actor._find_node(wait_s=1.0)
     assert actor.node_id is None
