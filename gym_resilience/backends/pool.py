@@ -16,6 +16,7 @@ worker back once the env is closed. Backends supply the workers (:class:`PooledW
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -84,8 +85,14 @@ class EnvTurns:
 
     def opened(self, data: bytes, unpack: Callable[[bytes], Any]) -> dict[str, Any]:
         """The description in ``data``, the reply to ``open`` (``unpack`` raises what the factory raised);
-        the env is open once it is read."""
-        description: dict[str, Any] = unpack(self.judged(data))
+        the env is open once it is read. A failed open retires the worker: an env whose description
+        cannot be read here is open there all the same, and a factory that raised may have left state."""
+        try:
+            description: dict[str, Any] = unpack(self.judged(data))
+        except BaseException as exc:
+            self.clean = False
+            self.retired_because = f"its env failed to start: {exc!r}"
+            raise
         self.open = True
         return description
 
@@ -93,7 +100,8 @@ class EnvTurns:
         return running and self.open and self.generation == generation
 
     def reusable(self, running: bool) -> bool:
-        return self.reuse and self.clean and not self.open and running
+        """Whether the worker may take an env now: one that served none yet (prestarted) may, reuse or not."""
+        return (self.reuse or self.served == 0) and self.clean and not self.open and running
 
 
 W = TypeVar("W", bound=PooledWorker)
@@ -180,7 +188,7 @@ class WorkerPool(Generic[W]):
         """Takes back a worker whose env is closed (or that ended): kept idle if it can serve another
         env, else killed; either way a waiting :meth:`take` goes on."""
         with self._changed:
-            keep = self.reuse and not self._closed and worker.reusable
+            keep = not self._closed and worker.reusable
             if keep:
                 self._idle.append(worker)
                 self._changed.notify()
@@ -277,20 +285,28 @@ class Lease(Generic[W]):
 
 
 def lease(
-    pool: WorkerPool[W], open_env: Callable[[W], tuple[int, T]], abort: StartAbort | None
+    pool: WorkerPool[W],
+    open_env: Callable[[W, float | None], tuple[int, T]],
+    abort: StartAbort | None,
+    timeout: float | None,
 ) -> tuple[Lease[W], T]:
-    """Takes a worker from ``pool`` and opens an env on it with ``open_env`` (its generation and what it
-    returned). A reused worker that turns out to have died while idle (a Ray node lost) is replaced: its
-    env never started. A failed open gives the worker back (kept if the factory's failure left it clean).
-    """
+    """Takes a worker from ``pool`` and opens an env on it with ``open_env(worker, seconds left of
+    timeout)`` (its generation and what it returned). A reused worker that turns out to have died while
+    idle (a Ray node lost) is replaced once, within the same ``timeout``: a second death is the factory's
+    (it crashed its worker), not to be run again. A failed open retires the worker."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replaced = False
     while True:
         worker = pool.take(abort)
         reused = worker.envs_served > 0
+        # The first open gets the whole timeout (its error names it); a replacement, what is left of it.
+        left = timeout if not replaced or deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            generation, opened = open_env(worker)
+            generation, opened = open_env(worker, left)
         except EnvWorkerDiedError:
             pool.give_back(worker)
-            if reused:
+            if reused and not replaced and (left is None or left > 0):
+                replaced = True
                 continue
             raise
         except BaseException:

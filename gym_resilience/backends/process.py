@@ -513,10 +513,10 @@ class IsolatedEnv(RemoteEnv):
             workers if workers is not None else process_workers(size=None, reuse=False, grace_s=close_timeout)
         )
 
-        def open_env(worker: _Worker) -> tuple[int, dict[str, Any]]:
-            return worker.open(request, timeout=start_timeout, abort=abort, close_timeout=close_timeout)
+        def open_env(worker: _Worker, timeout: float | None) -> tuple[int, dict[str, Any]]:
+            return worker.open(request, timeout=timeout, abort=abort, close_timeout=close_timeout)
 
-        self._host, description = lease(pool, open_env, abort)
+        self._host, description = lease(pool, open_env, abort, start_timeout)
         self._worker = self._host.worker
         self._finalizer = weakref.finalize(self, _close_at_collection, self._host)
         # Interpreter exit is _close_workers_at_exit's job: it runs early enough.

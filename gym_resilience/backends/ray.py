@@ -514,12 +514,12 @@ class RayEnv(RemoteEnv):
         self.close_timeout = close_timeout
         taken: list[_Actor] = []
 
-        def open_on(actor: _Actor) -> tuple[int, dict[str, Any]]:
+        def open_on(actor: _Actor, timeout: float | None) -> tuple[int, dict[str, Any]]:
             taken.append(actor)
-            return actor.open(env_fn, timeout=start_timeout, abort=abort, close_timeout=close_timeout)
+            return actor.open(env_fn, timeout=timeout, abort=abort, close_timeout=close_timeout)
 
         try:
-            self._host, description = lease(pool, open_on, abort)
+            self._host, description = lease(pool, open_on, abort, start_timeout)
         except BaseException:
             for actor in taken:
                 if not actor.running:

@@ -1,0 +1,130 @@
+"""The pool's bookkeeping of a worker's envs and leases: a failed open retires the worker, a prestarted
+worker serves its first env with or without reuse, and a reused worker's death is replaced once, within
+the start deadline, so a factory that crashes its worker is not run again and again."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import pytest
+from pool_envs import leaving_env, leaving_tasks
+
+from gym_resilience import BatchRunner, RunnerConfig
+from gym_resilience.backends.pool import EnvTurns, WorkerPool, lease
+from gym_resilience.backends.protocol import unpack_ending
+from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.errors import EnvWorkerDiedError
+
+
+def open_reply() -> bytes:
+    """What a worker answers to ``open`` or ``close``: a reply, with no verdict on what the env left."""
+    data = pickle.dumps((pickle.dumps(("ok", {"spaces": None})), None))
+    assert unpack_ending(data)[1] is None
+    return data
+
+
+def test_an_open_whose_description_cannot_be_read_retires_the_worker() -> None:
+    turns = EnvTurns(reuse=True)
+    turns.next()
+
+    def unreadable(data: bytes) -> Any:
+        raise ModuleNotFoundError("No module named 'plugin_spaces'")
+
+    with pytest.raises(ModuleNotFoundError):
+        turns.opened(open_reply(), unreadable)
+    assert not turns.reusable(running=True)
+    assert turns.retired_because is not None and "plugin_spaces" in turns.retired_because
+
+
+def test_an_open_that_reads_keeps_the_worker_for_the_next_env() -> None:
+    turns = EnvTurns(reuse=True)
+    turns.next()
+    assert turns.opened(open_reply(), pickle.loads) == ("ok", {"spaces": None})
+    assert not turns.reusable(running=True)  # its env is open
+    turns.judged(open_reply())  # the close's reply
+    assert turns.reusable(running=True)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_a_worker_that_served_no_env_yet_may_take_one_with_or_without_reuse(reuse: bool) -> None:
+    turns = EnvTurns(reuse=reuse)
+    assert turns.reusable(running=True)
+    turns.next()
+    turns.opened(open_reply(), pickle.loads)
+    turns.judged(open_reply())
+    assert turns.reusable(running=True) is reuse
+
+
+class FakeWorker:
+    """A worker whose every open raises EnvWorkerDiedError, as one whose factory crashes it does."""
+
+    def __init__(self, served: int) -> None:
+        self.envs_served = served
+        self.killed = False
+
+    lost = None
+    reusable = False
+
+    def serving(self, generation: int) -> bool:
+        return False
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no env was opened")
+
+    def close_env(self, generation: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_a_reused_workers_death_is_replaced_once_so_a_crashing_factory_runs_at_most_twice() -> None:
+    started = iter([FakeWorker(served=1), FakeWorker(served=1), FakeWorker(served=1)])
+    pool: WorkerPool[Any] = WorkerPool(lambda: next(started), size=3)
+    opens: list[float | None] = []
+
+    def crash(worker: FakeWorker, timeout: float | None) -> tuple[int, None]:
+        opens.append(timeout)
+        raise EnvWorkerDiedError(operation="start")
+
+    with pytest.raises(EnvWorkerDiedError):
+        lease(pool, crash, None, 10.0)
+    assert len(opens) == 2
+    assert opens[0] is not None and opens[1] is not None
+    assert opens[1] <= opens[0] <= 10.0  # the second open gets what is left of the one deadline
+
+
+def test_a_fresh_workers_death_is_not_retried() -> None:
+    pool: WorkerPool[Any] = WorkerPool(lambda: FakeWorker(served=0), size=3)
+    opens: list[float | None] = []
+
+    def crash(worker: FakeWorker, timeout: float | None) -> tuple[int, None]:
+        opens.append(timeout)
+        raise EnvWorkerDiedError(operation="start")
+
+    with pytest.raises(EnvWorkerDiedError):
+        lease(pool, crash, None, None)
+    assert opens == [None]
+
+
+def test_prestarted_workers_serve_their_envs_without_reuse() -> None:
+    config = RunnerConfig(
+        env_backend="process",
+        max_concurrency=2,
+        env_workers=2,
+        env_worker_reuse=False,
+        env_workers_prestart=True,
+    )
+
+    async def main() -> tuple[int, int]:
+        async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+            result = await runner.generate(leaving_tasks("", ""))
+            assert not result.failures, result.failures
+            stats = runner.env_workers.stats  # type: ignore[union-attr]
+            return stats.started, stats.retired
+
+    started, retired = asyncio.run(main())
+    assert started == 2  # the two prestarted workers served the two envs; none was started again
+    assert retired == 2  # each ended after its one env
