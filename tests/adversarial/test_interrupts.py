@@ -76,46 +76,47 @@ def test_an_interrupt_from_a_loop_callback_mid_batch_leaves_no_env_open(use_run:
     assert ledger.closed_more_than_once() == 0
 
 
-def test_an_interrupt_inside_the_supervisors_callback_does_not_hang_the_batchs_shutdown(
-    monkeypatch: pytest.MonkeyPatch,
+def interrupt_on_call(
+    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, at_call: int, where: str
 ) -> None:
-    original = runner_module._Supervisor._on_done
+    """Make the ``at_call``-th call of ``owner.name`` raise KeyboardInterrupt before it runs, as a signal
+    handler's can."""
+    original = getattr(owner, name)
     calls = [0]
 
-    def on_done(self: Any, index: int, task: Any) -> None:
+    def interrupted(*args: Any) -> None:
         calls[0] += 1
-        if calls[0] == 3:  # the third rollout to end: its slot is never freed nor the batch finished
-            raise KeyboardInterrupt("inside _on_done")
-        original(self, index, task)
+        if calls[0] == at_call:
+            raise KeyboardInterrupt(where)
+        original(*args)
 
-    monkeypatch.setattr(runner_module._Supervisor, "_on_done", on_done)
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def interrupted_batch() -> EnvCounts:
+    """Run a batch that an interrupt ends; its ledger, once the batch ended in time with every env closed."""
     ledger = EnvCounts()
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         run_batch(ledger, True, lambda loop: None)
     assert time.monotonic() - started < 30
     assert settled(ledger)
+    return ledger
+
+
+def test_an_interrupt_inside_the_supervisors_callback_does_not_hang_the_batchs_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The third rollout to end: its slot is never freed nor the batch finished.
+    interrupt_on_call(monkeypatch, runner_module._Supervisor, "_on_done", 3, "inside _on_done")
+    interrupted_batch()
 
 
 def test_an_interrupt_while_the_pool_hands_outcomes_over_still_hands_every_one_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    original = pool_module._settle
-    calls = [0]
-
-    def settle(*outcome: Any) -> None:
-        calls[0] += 1
-        if calls[0] == 40:
-            raise KeyboardInterrupt("inside the pool's hand-over")
-        original(*outcome)
-
-    monkeypatch.setattr(pool_module, "_settle", settle)
-    ledger = EnvCounts()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_batch(ledger, True, lambda loop: None)
-    assert time.monotonic() - started < 30
-    assert settled(ledger)
+    interrupt_on_call(monkeypatch, pool_module, "_settle", 40, "inside the pool's hand-over")
+    interrupted_batch()
 
 
 @pytest.mark.parametrize("at_call", [1, 2, 4])  # of the 6 or 7 hand-overs a batch makes
@@ -124,23 +125,8 @@ def test_an_interrupt_before_the_pools_hand_over_starts_loses_no_outcome(
 ) -> None:
     # A signal handler's interrupt can land as the loop enters the hand-over, before any of its lines
     # ran: the outcomes it was scheduled for are still settled, or the teardown awaiting them never ends.
-    original = pool_module.EnvPool._deliver
-    calls = [0]
-
-    def deliver(self: Any) -> None:
-        calls[0] += 1
-        if calls[0] == at_call:
-            raise KeyboardInterrupt("as the pool's hand-over begins")
-        original(self)
-
-    monkeypatch.setattr(pool_module.EnvPool, "_deliver", deliver)
-    ledger = EnvCounts()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_batch(ledger, True, lambda loop: None)
-    assert time.monotonic() - started < 30
-    assert settled(ledger)
-    assert ledger.closed_more_than_once() == 0
+    interrupt_on_call(monkeypatch, pool_module.EnvPool, "_deliver", at_call, "as the pool's hand-over begins")
+    assert interrupted_batch().closed_more_than_once() == 0
 
 
 STRESS = textwrap.dedent(
