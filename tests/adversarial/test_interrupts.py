@@ -200,7 +200,9 @@ def test_interrupts_from_a_signal_handler_at_random_moments_leave_no_env_open(us
     script = STRESS.format(tests=tests, use_run=use_run, runs=120, seed=20261204, settle=SETTLE_S)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=500)
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["interrupted"] > 10, report
+    # Most runs are interrupted (the timer fires within the batch); a tolerated hang below ends the
+    # report early, so the share is checked, not the count of a full report.
+    assert report["interrupted"] * 12 > report["runs"] > 0 or report["interrupted"] > 10, report
     assert report["left_open"] == 0, report
     # A hang of the library's own (a wait that never ends) fails; asyncio losing a task's wake-up to an
     # interrupt between its own steps is asyncio's, documented in docs/deadlines.md.
