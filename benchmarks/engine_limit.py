@@ -23,8 +23,9 @@ for (``RunnerConfig.sampling``: greedy, seeded ``seed + rollout index``).
     settings. The limit is the turn-synchronous loop: the offline engine generating the same per-turn
     inputs (read off the runner's own trajectories), one batch per turn, plus one 20 ms env step per
     turn (every env stepping at once, and nothing else: no loop could step them faster). Beside it,
-    ``env_threads=16`` (the former default, which stepped 64 envs in four waves) and the noise floor (a
-    second turn-synchronous run). Then the time split of the runner's batch on the in-process engine
+    ``env_threads=16`` (the former default, which stepped 64 envs in four waves), ``turn_wait_s=0``
+    (no turn line: each next prompt sent as its step ends) and the noise floor (a second
+    turn-synchronous run). Then the time split of the runner's batch on the in-process engine
     (extra runs, not in the ratios): how long the engine was generating, how long only env steps ran,
     and how long neither did (the runner's own work and its hand-overs), beside the limit's split, and
     what a runner that overlaps some rollouts' env steps with the others' generation would have to cut
@@ -300,6 +301,8 @@ async def compare(
     turn_sampling = [three_turns.sampling(i) for i in range(TASKS)]
     # The former default: 16 env threads, which take the 64 steps of a turn in four waves.
     three_turns_16 = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS, env_threads=16)
+    # No turn line: each rollout sends its next prompt as soon as its step ended.
+    three_turns_unlined = RunnerConfig(max_turns=TURNS, max_tokens=TURN_TOKENS, turn_wait_s=0)
     # The per-turn inputs of the three-turn batch, for the offline side (greedy: the same every time).
     per_turn = turn_inputs(
         (await BatchRunner(thread_engine, SleepyEnv, three_turns).generate(multi)).trajectories
@@ -356,6 +359,7 @@ async def compare(
             "the same again (noise)": offline_turns,
             "runner, in-process engine": runner(thread_engine, multi, three_turns),
             "... env_threads=16 (former)": runner(thread_engine, multi, three_turns_16),
+            "... turn_wait_s=0 (no line)": runner(thread_engine, multi, three_turns_unlined),
             "runner, async engine, eager": runner(eager_engine, multi, three_turns),
             "runner, async engine": runner(async_engine, multi, three_turns),
         },

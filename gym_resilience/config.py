@@ -86,6 +86,10 @@ class RunnerConfig:
             reset, for the others still opening theirs, counted from the first to arrive (or fail), so
             that their first prompts reach the engine together (``rollout/start_line.py``); 0 sends
             each prompt as soon as its env is open.
+        turn_wait_s: while the engine has none of the batch's requests in flight, how long a rollout
+            ready for its next turn waits for the others still stepping their envs, counted from the
+            first that waits, so that a turn's prompts reach the engine together
+            (``rollout/turn_line.py``); 0 sends each as soon as it is ready.
         retry: rerun a rollout that failed with a transient error (``retry.retry_on`` anywhere in its
             ``__cause__`` chain) from scratch with a fresh env, before it counts as failed.
         max_failed_fraction: with ``skip_failed_rollouts``, raise ``FailureBudgetExceededError`` when
@@ -155,6 +159,7 @@ class RunnerConfig:
     max_concurrency: int | None = 256
     env_threads: int | None = None
     start_wait_s: float = 0.01
+    turn_wait_s: float = 0.01
     retry: RetryPolicy | None = None
     max_failed_fraction: float | None = None
     generation_timeout_s: float | None = None
@@ -266,6 +271,7 @@ class RunnerConfig:
             check_seconds(option, getattr(self, option))
         check_seconds("close_timeout_s", self.close_timeout_s)
         check_seconds("start_wait_s", self.start_wait_s, allow_none=False, allow_zero=True)
+        check_seconds("turn_wait_s", self.turn_wait_s, allow_none=False, allow_zero=True)
         self._check_env_backend()
         env_deadlines = ("env_step_timeout_s", "env_reset_timeout_s", "env_create_timeout_s")
         needs_isolation = [option for option in env_deadlines if getattr(self, option) is not None]

@@ -49,6 +49,7 @@ from gym_resilience.rollout import (
     Progress,
     RolloutContext,
     StartLine,
+    TurnLine,
     run_agent_loop,
 )
 from gym_resilience.rollout.env_calls import KILL_GRACE_S
@@ -418,6 +419,7 @@ class _Batch:
         self.late = LateCloses(self.config.close_timeout_s, nudge=pool.deliver_pending)
         self.open_envs = OpenEnvs()
         self.start_line = start_line
+        self.turn_line = TurnLine(self.config.turn_wait_s)
         self.attempts: dict[int, int] = {}
         self.attempt_log: list[AttemptRecord] = []
 
@@ -431,6 +433,7 @@ class _Batch:
             late=self.late,
             open_envs=self.open_envs,
             start_line=self.start_line,
+            turn_line=self.turn_line,
             task=job.task,
             trajectory_id=job.trajectory_id,
             progress=Progress(rollout_index=job.index, attempt=attempt),

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from doubles import CountingTextEnv, EnvCounts, Fault, factory, fail_on, tasks
+from doubles import SETTLE_S, CountingTextEnv, EnvCounts, Fault, factory, fail_on, tasks
 from leaks import eventually
 
 from gym_resilience import (
@@ -719,6 +719,30 @@ async def test_blocking_env_steps_of_every_rollout_in_flight_run_at_once(
     make = factory(ledger, turns=2, env=Env, delay=lambda task: time.sleep(0.01))
     result = await BatchRunner(ScriptedEngine(), make, config).generate(tasks(rollouts))
     assert [t.is_placeholder for t in result.trajectories] == [False] * rollouts
+    assert ledger.open == 0
+
+
+async def test_steps_seen_to_block_in_one_batch_run_at_once_from_the_next_batchs_first_turn() -> None:
+    """The first batch's steps block (a tool call's wait); in the second, every rollout's first step meets
+    the others at a barrier, though the batch's builds (fast) come first: a thread each from the start."""
+    ledger = EnvCounts()
+    barrier = threading.Barrier(32, timeout=SETTLE_S)
+
+    class Env(CountingTextEnv):
+        meet = False
+
+        def step(self, action: str) -> tuple[list[dict[str, str]], float, bool, bool, dict[str, Any]]:
+            if self.meet and self.turn == 0:
+                barrier.wait()
+            else:
+                time.sleep(0.005)
+            return super().step(action)
+
+    runner = BatchRunner(ScriptedEngine(), factory(ledger, turns=2, env=Env), RunnerConfig(max_turns=2))
+    await runner.generate(tasks(32))
+    Env.meet = True
+    result = await runner.generate(tasks(32))
+    assert not any(t.is_placeholder for t in result.trajectories)
     assert ledger.open == 0
 
 

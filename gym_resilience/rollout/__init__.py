@@ -8,6 +8,7 @@
 - :mod:`~gym_resilience.rollout.env_calls`: the env built, called and closed in the pool (``LateCloses``).
 - :mod:`~gym_resilience.rollout.open_envs`: the envs a batch has open, closed if its rollouts cannot.
 - :mod:`~gym_resilience.rollout.start_line`: the first rollouts of a batch send their prompts together.
+- :mod:`~gym_resilience.rollout.turn_line`: rollouts whose envs stepped together then generate together.
 - :mod:`~gym_resilience.rollout.loop`: the turn loop and the trajectory (``run_agent_loop``).
 """
 
@@ -20,6 +21,7 @@ from gym_resilience.rollout.open_envs import OpenEnvs
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress, current_rollout, rollout_headers
 from gym_resilience.rollout.start_line import StartLine
+from gym_resilience.rollout.turn_line import TurnLine
 
 __all__ = [
     "ChatCodec",
@@ -30,6 +32,7 @@ __all__ = [
     "Progress",
     "RolloutContext",
     "StartLine",
+    "TurnLine",
     "current_rollout",
     "rollout_headers",
     "run_agent_loop",

@@ -16,6 +16,7 @@ from gym_resilience.rollout.open_envs import OpenEnvs
 from gym_resilience.rollout.pool import EnvPool
 from gym_resilience.rollout.progress import Progress
 from gym_resilience.rollout.start_line import StartLine
+from gym_resilience.rollout.turn_line import TurnLine
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import TrajectoryId
 
@@ -37,6 +38,7 @@ class RolloutContext:
     late: LateCloses
     open_envs: OpenEnvs
     start_line: StartLine
+    turn_line: TurnLine
     task: Task
     trajectory_id: TrajectoryId
     progress: Progress

@@ -110,17 +110,18 @@ class EnvCalls:
 
         return locked
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Start the call in the pool, in the rollout's context; a plain future, so no task is made."""
-        self._last = self._pool.submit(self._locked(fn, *args))
+    def submit(self, fn: Callable[..., T], *args: Any, kind: str = "call") -> asyncio.Future[T]:
+        """Start the call in the pool, in the rollout's context; a plain future, so no task is made.
+        ``kind`` names what it does (``EnvPool.submit``)."""
+        self._last = self._pool.submit(self._locked(fn, *args), kind)
         return self._last
 
     def submit_signalled(
-        self, fn: Callable[..., T], *args: Any
+        self, fn: Callable[..., T], *args: Any, kind: str = "call"
     ) -> tuple[asyncio.Future[T], asyncio.Future[None]]:
         """:meth:`submit`, with a future to wait on that is signalled once the call's is done (see
         :meth:`EnvPool.submit_signalled`)."""
-        self._last, signal = self._pool.submit_signalled(self._locked(fn, *args))
+        self._last, signal = self._pool.submit_signalled(self._locked(fn, *args), kind)
         return self._last, signal
 
     def opened(self, env: BackendEnv) -> None:
@@ -154,14 +155,14 @@ class EnvCalls:
                 self._closing_apart = True
                 self._closing = self._pool.submit_apart(close)
             elif self._last is None:
-                self._closing = self.submit(close)
+                self._closing = self.submit(close, kind="close")
             else:
-                self._closing = self._pool.submit_after(self._last, self._locked(close))
+                self._closing = self._pool.submit_after(self._last, self._locked(close), "close")
         return self._closing
 
-    def __call__(self, fn: Callable[..., T], *args: Any) -> Coroutine[Any, Any, T]:
+    def __call__(self, fn: Callable[..., T], *args: Any, kind: str = "call") -> Coroutine[Any, Any, T]:
         """``fn(*args)`` in the pool, timed as the rollout's env time (await it)."""
-        return self.timed(self.submit(fn, *args))
+        return self.timed(self.submit(fn, *args, kind=kind))
 
     def last_step(self, env: BackendEnv, action: Any) -> asyncio.Future[Any]:
         """Start ``env.step(action)`` with the env's close queued behind it in the same hop (the rollout
@@ -180,7 +181,7 @@ class EnvCalls:
             step_now, close_after = self._locked(step_and_say), close
         else:
             step_now, close_after = self._locked(env.env.step, action), self._locked(close)
-        step, self._closing = self._pool.submit_all(step_now, close_after)
+        step, self._closing = self._pool.submit_all(step_now, close_after, kinds=("step", "close"))
         self._last = step
         return step
 
@@ -281,7 +282,7 @@ async def open_env(
     meanwhile leaves the env to be closed on arrival."""
     build = _EnvBuild(call, make, reset)
     # The rollout waits on the signal: cancelling the pool's future would lose the env it still hands over.
-    opening, opened = call.submit_signalled(build.run)
+    opening, opened = call.submit_signalled(build.run, kind="open")
     try:
         await opened
     except asyncio.CancelledError as cancelled:

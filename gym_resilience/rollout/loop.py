@@ -114,7 +114,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
         env, opened = await open_env(call, rollout.make_env, reset, late)
         progress.node_id = env.node_id
         if opened is None:
-            messages, _ = await call(reset, env.env)
+            messages, _ = await call(reset, env.env, kind="reset")
         else:
             progress.env_s += opened.seconds
             messages, _ = opened.result()
@@ -191,71 +191,86 @@ async def _turns(
     history: list[ChatMessage] | None = copy.deepcopy(opening) if skyrl and config.step_wise else None
     step_prompt = prompt_ids
     record = _Transcript(prompt_ids=prompt_ids, keep_logprobs=config.logprobs)
-    for turn in range(config.max_turns):
-        input_ids = prompt_ids + record.response_ids
-        progress.phase, progress.turn = "generate", turn
-        # SkyRL's step-wise loop checks the length of the previous step's prompt.
-        checked = step_prompt if history is not None else input_ids
-        if config.max_input_length is not None and len(checked) > config.max_input_length:
-            if turn == 0 and not config.step_wise:  # step-wise, a rollout with no steps is SkyRL's too
-                length = f"the prompt has {len(input_ids)} tokens, over max_input_length"
-                raise _no_response(rollout, f"{length} {config.max_input_length}")
-            record.stop_reason = "length"
-            if skyrl:
-                record.drop_trailing_env_tokens()
-            break
-        if history is not None and turn:
-            step_prompt = input_ids = await codec.encode_prompt(history)
-        generation = await _generate(rollout, input_ids)
-        check_generation(rollout.engine, generation, logprobs=config.logprobs)
-        # No tokens would make a trajectory with no response at the first turn, or, step-wise, a step
-        # with none (an abort records no step: it ends the rollout with the steps before it).
-        aborted = generation.finish_reason == "abort"
-        if not generation.token_ids and (not aborted if config.step_wise else turn == 0):
-            raise _no_response(
-                rollout, f"the engine returned no tokens (finish reason {generation.finish_reason!r})"
-            )
-        record.add_generated(generation)
-        record.stop_reason = generation.finish_reason
-        if aborted:
-            break
-        progress.phase = "step"
-        action = generation.text if generation.text is not None else codec.decode(generation.token_ids)
-        last_turn = turn == config.max_turns - 1  # the env is closed next, whatever its step does
-        observation, reward, terminated, truncated, info = checked_step(
-            await (call.timed(call.last_step(env, action)) if last_turn else call(env.env.step, action))
-        )
-        record.info = info
-        record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
-        done = terminated or truncated
-        if history is not None:
-            observed = as_messages(observation)
-            obs_ids = await codec.skyrl_observation(observed, done=done)
-            history += [_assistant(action, codec), *observed]
-            record.steps.append(_skyrl_step(rollout, input_ids, generation, obs_ids, float(reward), info))
-        elif config.step_wise:
-            record.steps.append(
-                Trajectory(
-                    prompt_ids=list(input_ids),
-                    response_ids=list(generation.token_ids),
-                    reward=_reward(float(reward), len(generation.token_ids), config.token_level_rewards),
-                    loss_mask=_generated_mask(generation),
-                    stop_reason=generation.finish_reason,
-                    rollout_logprobs=list(generation.logprobs or []) if config.logprobs else None,
-                    env_metrics=numeric_info(info),
-                    trajectory_id=rollout.trajectory_id,
+    line, between = rollout.turn_line, False  # between: on the line since the last generation
+    try:
+        for turn in range(config.max_turns):
+            input_ids = prompt_ids + record.response_ids
+            progress.phase, progress.turn = "generate", turn
+            # SkyRL's step-wise loop checks the length of the previous step's prompt.
+            checked = step_prompt if history is not None else input_ids
+            if config.max_input_length is not None and len(checked) > config.max_input_length:
+                if turn == 0 and not config.step_wise:  # step-wise, a rollout with no steps is SkyRL's too
+                    length = f"the prompt has {len(input_ids)} tokens, over max_input_length"
+                    raise _no_response(rollout, f"{length} {config.max_input_length}")
+                record.stop_reason = "length"
+                if skyrl:
+                    record.drop_trailing_env_tokens()
+                break
+            if history is not None and turn:
+                step_prompt = input_ids = await codec.encode_prompt(history)
+            if between:
+                between = False
+                await line.next_turn()
+            generation = await _generate(rollout, input_ids)
+            check_generation(rollout.engine, generation, logprobs=config.logprobs)
+            # No tokens would make a trajectory with no response at the first turn, or, step-wise, a step
+            # with none (an abort records no step: it ends the rollout with the steps before it).
+            aborted = generation.finish_reason == "abort"
+            if not generation.token_ids and (not aborted if config.step_wise else turn == 0):
+                raise _no_response(
+                    rollout, f"the engine returned no tokens (finish reason {generation.finish_reason!r})"
+                )
+            record.add_generated(generation)
+            record.stop_reason = generation.finish_reason
+            if aborted:
+                break
+            last_turn = turn == config.max_turns - 1  # the env is closed next, whatever its step does
+            if not last_turn:
+                line.generated()
+                between = True
+            progress.phase = "step"
+            action = generation.text if generation.text is not None else codec.decode(generation.token_ids)
+            observation, reward, terminated, truncated, info = checked_step(
+                await (
+                    call.timed(call.last_step(env, action))
+                    if last_turn
+                    else call(env.env.step, action, kind="step")
                 )
             )
-        if done or last_turn:
-            break
-        if history is not None:
-            continue
-        if skyrl:  # SkyRL's generator goes straight on with the observation, after any turn
-            record.add_env_tokens(await codec.skyrl_observation(as_messages(observation), done=False))
-            continue
-        if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
-            record.add_env_tokens([codec.eos_token_id])
-        record.add_env_tokens(await codec.encode_observation(as_messages(observation)))
+            record.info = info
+            record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
+            done = terminated or truncated
+            if history is not None:
+                observed = as_messages(observation)
+                obs_ids = await codec.skyrl_observation(observed, done=done)
+                history += [_assistant(action, codec), *observed]
+                record.steps.append(_skyrl_step(rollout, input_ids, generation, obs_ids, float(reward), info))
+            elif config.step_wise:
+                record.steps.append(
+                    Trajectory(
+                        prompt_ids=list(input_ids),
+                        response_ids=list(generation.token_ids),
+                        reward=_reward(float(reward), len(generation.token_ids), config.token_level_rewards),
+                        loss_mask=_generated_mask(generation),
+                        stop_reason=generation.finish_reason,
+                        rollout_logprobs=list(generation.logprobs or []) if config.logprobs else None,
+                        env_metrics=numeric_info(info),
+                        trajectory_id=rollout.trajectory_id,
+                    )
+                )
+            if done or last_turn:
+                break
+            if history is not None:
+                continue
+            if skyrl:  # SkyRL's generator goes straight on with the observation, after any turn
+                record.add_env_tokens(await codec.skyrl_observation(as_messages(observation), done=False))
+                continue
+            if not generation.token_ids or generation.token_ids[-1] != codec.eos_token_id:
+                record.add_env_tokens([codec.eos_token_id])
+            record.add_env_tokens(await codec.encode_observation(as_messages(observation)))
+    finally:
+        if between:
+            line.left()
     return _finish(record, rollout)
 
 
@@ -309,10 +324,11 @@ async def _generate(rollout: RolloutContext, prompt_ids: list[int]) -> Generatio
     start = time.perf_counter()
     deadline: asyncio.Timeout | None = None
     try:
-        if timeout_s is None:  # no deadline to keep: spare the per-turn cost of a timeout scope
-            return await rollout.engine.generate(prompt_ids, rollout.sampling)
-        async with asyncio.timeout(timeout_s) as deadline:
-            return await rollout.engine.generate(prompt_ids, rollout.sampling)
+        with rollout.turn_line.request():
+            if timeout_s is None:  # no deadline to keep: spare the per-turn cost of a timeout scope
+                return await rollout.engine.generate(prompt_ids, rollout.sampling)
+            async with asyncio.timeout(timeout_s) as deadline:
+                return await rollout.engine.generate(prompt_ids, rollout.sampling)
     except TimeoutError:
         if deadline is None or not deadline.expired():
             raise

@@ -24,7 +24,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from gym_resilience.cleanup import settable
@@ -50,29 +50,32 @@ _BLOCKING_SHARE = 1 / 8  # the share from which calls count as blocking
 
 
 class CallHistory:
-    """Whether recent env calls block: a running share of the calls that did (each call moves it by
-    1/16), kept across the batches of one runner so that a batch's first calls need not teach it again.
-    Calls count as blocking from a share of 1/8 on: a fast env's call that lost the interpreter to
-    another thread once in a while does not reach it, an env whose every step waits on a tool does.
-    Updated from pool threads without a lock (a lost update only nudges a share)."""
+    """Whether recent env calls block: per kind of call (an env's build, its steps, its close), a running
+    share of the calls that did (each call moves its kind's share by 1/16), kept across the batches of one
+    runner so that a batch's first calls need not teach it again. Calls count as blocking while a kind's
+    share is 1/8 or more: a fast env's call that lost the interpreter to another thread once in a while
+    does not reach it, an env whose every step waits on a tool does, and a batch's fast builds and closes
+    do not wash out what its steps showed. Updated from pool threads without a lock (a lost update only
+    nudges a share)."""
 
     def __init__(self) -> None:
-        self.share = 0.0
+        self.shares: dict[str, float] = {}
 
     @property
     def blocking(self) -> bool:
-        return self.share >= _BLOCKING_SHARE
+        return any(share >= _BLOCKING_SHARE for share in self.shares.values())
 
-    def record(self, blocked: bool) -> None:
-        self.share += (blocked - self.share) * _SHARE_WEIGHT
+    def record(self, blocked: bool, kind: str = "call") -> None:
+        share = self.shares.get(kind, 0.0)
+        self.shares[kind] = share + (blocked - share) * _SHARE_WEIGHT
 
 
-# Calls run one after another on one thread, in one context: a future, its call, and a future to signal
-# once the first is done (or None) each.
-_Call = tuple["asyncio.Future[Any]", Callable[[], Any], "asyncio.Future[None] | None"]
+# Calls run one after another on one thread, in one context: a future, its call, a future to signal once
+# the first is done (or None) and the call's kind (for CallHistory) each.
+_Call = tuple["asyncio.Future[Any]", Callable[[], Any], "asyncio.Future[None] | None", str]
 _Calls = tuple[contextvars.Context, list[_Call]]
-# (future, whether it returned, result or exception, future to signal, whether the call blocked)
-_Outcome = tuple["asyncio.Future[Any]", bool, Any, "asyncio.Future[None] | None", bool]
+# (future, whether it returned, result or exception, future to signal, whether the call blocked, kind)
+_Outcome = tuple["asyncio.Future[Any]", bool, Any, "asyncio.Future[None] | None", bool, str]
 
 
 class EnvPool:
@@ -104,31 +107,42 @@ class EnvPool:
         self._waking = False  # a hand-over is scheduled on the loop
         self._shut = False
 
-    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
-        """Start ``call`` on a pool thread, in a copy of the caller's context (event loop thread only)."""
+    def submit(self, call: Callable[[], T], kind: str = "call") -> asyncio.Future[T]:
+        """Start ``call`` on a pool thread, in a copy of the caller's context (event loop thread only);
+        ``kind`` names what it does for the pool's ``CallHistory`` (``"step"``: an env step)."""
         future: asyncio.Future[T] = self._loop.create_future()
-        self._put([(future, call, None)])
+        self._put([(future, call, None, kind)])
         return future
 
-    def submit_signalled(self, call: Callable[[], T]) -> tuple[asyncio.Future[T], asyncio.Future[None]]:
+    def submit_signalled(
+        self, call: Callable[[], T], kind: str = "call"
+    ) -> tuple[asyncio.Future[T], asyncio.Future[None]]:
         """:meth:`submit`, and a second future set to None once the call's is done, to wait on: cancelling
         it (a cancelled task cancels what it awaits) stops the wait and leaves the call's future whole,
         to be awaited through teardown. ``asyncio.shield`` does the same with an extra pass of the event
         loop per call."""
         future: asyncio.Future[T] = self._loop.create_future()
         signal: asyncio.Future[None] = self._loop.create_future()
-        self._put([(future, call, signal)])
+        self._put([(future, call, signal, kind)])
         return future, signal
 
-    def submit_all(self, *calls: Callable[[], Any]) -> list[asyncio.Future[Any]]:
-        """Start ``calls`` one after another on one pool thread, each outcome handed over as it comes:
-        one hop for several calls (a last step and the close behind it). Each is a call of its own
-        otherwise: one whose future is cancelled before it starts does not run, the next ones do."""
+    def submit_all(
+        self, *calls: Callable[[], Any], kinds: Sequence[str] | None = None
+    ) -> list[asyncio.Future[Any]]:
+        """Start ``calls`` one after another on one pool thread, each outcome handed over as it comes: one
+        hop for several calls (a last step and the close behind it). Each is a call of its own otherwise
+        (``kinds``: each one's kind): one whose future is cancelled before it starts does not run, the
+        next ones do."""
         futures: list[asyncio.Future[Any]] = [self._loop.create_future() for _ in calls]
-        self._put([(future, call, None) for future, call in zip(futures, calls, strict=True)])
+        kinds = kinds or ["call"] * len(calls)
+        self._put(
+            [(future, call, None, kind) for future, call, kind in zip(futures, calls, kinds, strict=True)]
+        )
         return futures
 
-    def submit_after(self, previous: asyncio.Future[Any], call: Callable[[], T]) -> asyncio.Future[T]:
+    def submit_after(
+        self, previous: asyncio.Future[Any], call: Callable[[], T], kind: str = "call"
+    ) -> asyncio.Future[T]:
         """:meth:`submit`, but if the call of ``previous`` (a future of this pool's, cancelled or not) is
         still queued or running, ``call`` runs right after it on the same thread, in its context, rather
         than taking a thread of its own to wait on it: a close behind a stuck step holds no second
@@ -137,9 +151,9 @@ class EnvPool:
         with self._lock:
             if previous in self._unreturned:
                 self._unreturned.add(future)
-                self._after.setdefault(previous, []).append((future, call, None))
+                self._after.setdefault(previous, []).append((future, call, None, kind))
                 return future
-        self._put([(future, call, None)])
+        self._put([(future, call, None, kind)])
         return future
 
     def submit_apart(self, call: Callable[[], T]) -> asyncio.Future[T]:
@@ -150,7 +164,7 @@ class EnvPool:
         context = contextvars.copy_context()
 
         def run() -> None:
-            self._hand_over(_outcome(future, context, call, None), last=False)
+            self._hand_over(_outcome(future, context, call, None, "apart"), last=False)
 
         threading.Thread(target=run, name=f"{self._name}-apart", daemon=True).start()
         return future
@@ -159,7 +173,7 @@ class EnvPool:
         with self._lock:
             if self._shut:
                 raise RuntimeError("the env pool is shut down: it takes no more calls")
-            self._unreturned.update(future for future, _, _ in calls)
+            self._unreturned.update(future for future, *_ in calls)
             self._calls.put((contextvars.copy_context(), calls))
             if self._idle:
                 self._idle -= 1
@@ -189,17 +203,18 @@ class EnvPool:
             context, calls = item
             index = 0
             while index < len(calls):
-                future, call, signal = calls[index]
+                future, call, signal, kind = calls[index]
                 index += 1
                 # The thread is free for the next call once the last of these is handed over.
-                calls += self._hand_over(_outcome(future, context, call, signal), last=index == len(calls))
+                last = index == len(calls)
+                calls += self._hand_over(_outcome(future, context, call, signal, kind), last=last)
             del item, calls, future, call, signal, context
 
     def _hand_over(self, outcome: _Outcome, *, last: bool) -> list[_Call]:
         """Queue ``outcome`` for the loop; returns the calls to run next on this thread (submitted
         after this one), and counts the thread idle if this was its ``last`` call and there are none."""
         with self._lock:
-            future, blocked = outcome[0], outcome[4]
+            future, blocked, kind = outcome[0], outcome[4], outcome[5]
             self._unreturned.discard(future)
             after = self._after.pop(future, []) if self._after else []
             if last and not after:  # free: for a call waiting in the queue, if there is one
@@ -207,7 +222,7 @@ class EnvPool:
                     self._waiting -= 1
                 else:
                     self._idle += 1
-            self._history.record(blocked)
+            self._history.record(blocked, kind)
             if blocked and self._waiting:
                 self._grow()
             self._outcomes.append(outcome)
@@ -245,6 +260,7 @@ def _settle(
     value: Any,
     signal: asyncio.Future[None] | None,
     blocked: bool = False,
+    kind: str = "call",
 ) -> None:
     """Hand one outcome to its futures (the signal first: its waiter wakes before what awaits the call);
     settling one twice changes nothing."""
@@ -263,16 +279,17 @@ def _outcome(
     context: contextvars.Context,
     call: Callable[[], Any],
     signal: asyncio.Future[None] | None,
+    kind: str,
 ) -> _Outcome:
     if future.cancelled():  # given up on before it started: it must not run
-        return (future, False, None, signal, False)
+        return (future, False, None, signal, False, kind)
     wall, cpu = time.perf_counter(), time.thread_time()
     try:
         value, returned = context.run(call), True
     except BaseException as exc:  # handed to the awaiting task, as an executor does
         value, returned = settable(exc, "an env call"), False
     blocked = (time.perf_counter() - wall) - (time.thread_time() - cpu) >= BLOCKED_S
-    return (future, returned, value, signal, blocked)
+    return (future, returned, value, signal, blocked, kind)
 
 
 class _Worker:

@@ -23,6 +23,7 @@ from doubles import EnvCounts, factory, tasks
 from gym_resilience import BatchRunner, RunnerConfig
 from gym_resilience import runner as runner_module
 from gym_resilience.engines.scripted import ScriptedEngine
+from gym_resilience.rollout import TurnLine
 from gym_resilience.rollout import pool as pool_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a hang fails, and fails fast
@@ -126,6 +127,15 @@ def test_an_interrupt_before_the_pools_hand_over_starts_loses_no_outcome(
     # A signal handler's interrupt can land as the loop enters the hand-over, before any of its lines
     # ran: the outcomes it was scheduled for are still settled, or the teardown awaiting them never ends.
     interrupt_on_call(monkeypatch, pool_module.EnvPool, "_deliver", at_call, "as the pool's hand-over begins")
+    assert interrupted_batch().closed_more_than_once() == 0
+
+
+@pytest.mark.parametrize("at_call", [1, 3])
+def test_an_interrupt_as_the_turn_line_lets_rollouts_go_does_not_hang_the_batchs_shutdown(
+    monkeypatch: pytest.MonkeyPatch, at_call: int
+) -> None:
+    # Rollouts held at the turn line wait on plain futures: the interrupt's teardown cancels them.
+    interrupt_on_call(monkeypatch, TurnLine, "_release", at_call, "as the turn line opens")
     assert interrupted_batch().closed_more_than_once() == 0
 
 

@@ -255,11 +255,28 @@ def test_call_history_stays_under_blocking_for_a_blocked_call_among_fast_ones() 
         assert not history.blocking
 
 
+def test_call_history_keeps_each_kind_of_call_apart() -> None:
+    """A batch's fast builds and closes do not wash out what its blocking steps showed: the next batch's
+    first steps get a thread each."""
+    history = CallHistory()
+    for _ in range(64):
+        history.record(True, "step")
+    for _ in range(128):
+        history.record(False, "open")
+        history.record(False, "close")
+    assert history.blocking
+    fast = CallHistory()
+    for _ in range(64):
+        fast.record(False, "step")
+        fast.record(False, "open")
+    assert not fast.blocking
+
+
 async def test_an_adaptive_pool_takes_a_thread_for_each_waiting_call_while_calls_block() -> None:
     """Known to block, the pool runs four calls at once on four threads (a barrier of four passes),
     though only one is eager."""
     history = CallHistory()
-    history.share = 1.0
+    history.shares["call"] = 1.0
     pool = EnvPool(4, name="test-pool-blocking", eager=1, history=history)
     barrier = threading.Barrier(4, timeout=SETTLE_S)
     try:
@@ -275,7 +292,7 @@ async def test_an_adaptive_pool_takes_threads_for_waiting_calls_once_a_blocked_c
     """Not yet known to block, the pool runs its one eager thread; the first call ends blocked (it slept),
     which tips the history, and the two calls waiting get a thread each at once."""
     history = CallHistory()
-    history.share = 0.12  # one blocked call short
+    history.shares["call"] = 0.12  # one blocked call short
     pool = EnvPool(3, name="test-pool-tipped", eager=1, history=history)
     barrier = threading.Barrier(2, timeout=SETTLE_S)
     try:
