@@ -15,6 +15,7 @@ worker back once the env is closed. Backends supply the workers (:class:`PooledW
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from gym_resilience.backends.protocol import StartAbort, unpack_ending
 from gym_resilience.errors import EnvClosedError, EnvError, EnvWorkerDiedError
 
 __all__ = ["EnvTurns", "Lease", "PoolStats", "PooledWorker", "WorkerPool", "lease"]
+
+logger = logging.getLogger(__name__)
 
 
 class PooledWorker(Protocol):
@@ -39,6 +42,12 @@ class PooledWorker(Protocol):
 
     @property
     def envs_served(self) -> int: ...
+
+    @property
+    def retired_because(self) -> str | None:
+        """Why its last env leaves it unfit to serve another (it left something behind, failed to start
+        or close); None while it is fit, and when it died or was killed (its rollout's error says so)."""
+        ...
 
     def serving(self, generation: int) -> bool:
         """Whether env ``generation`` is open on this worker."""
@@ -95,6 +104,11 @@ class EnvTurns:
             raise
         self.open = True
         return description
+
+    def failed_to_close(self, error: BaseException) -> None:
+        """The env's close raised ``error``: it may have left anything behind, so the worker retires."""
+        self.clean = False
+        self.retired_because = f"its env failed to close: {error!r}"
 
     def serving(self, running: bool, generation: int) -> bool:
         return running and self.open and self.generation == generation
@@ -193,6 +207,9 @@ class WorkerPool(Generic[W]):
                 self._idle.append(worker)
                 self._changed.notify()
                 return
+        if (reason := worker.retired_because) is not None:
+            # Else silent: the rollout succeeded, and its env's leftovers die with the worker.
+            logger.warning("an env worker is retired and killed: %s; the next env gets a fresh one", reason)
         worker.kill()
         self._forget()
 

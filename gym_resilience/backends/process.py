@@ -194,6 +194,10 @@ class _Worker:
         return self.envs.served
 
     @property
+    def retired_because(self) -> str | None:
+        return self.envs.retired_because
+
+    @property
     def reusable(self) -> bool:
         """Alive, with no env open, and its last env closed cleanly and left nothing behind."""
         return self.envs.reusable(self._state is _State.RUNNING)
@@ -279,8 +283,8 @@ class _Worker:
             self._call_lock.release()
         try:
             self._unpack(reply)
-        except BaseException:
-            self.envs.clean = False  # an env that failed to close may have left anything behind
+        except BaseException as exc:
+            self.envs.failed_to_close(exc)
             raise
 
     def close(self) -> None:

@@ -258,6 +258,10 @@ class _Actor:
         return self.envs.served
 
     @property
+    def retired_because(self) -> str | None:
+        return self.envs.retired_because
+
+    @property
     def reusable(self) -> bool:
         """Alive, with no env open, and its last env closed cleanly and left nothing behind."""
         return self.envs.reusable(self.running)
@@ -337,8 +341,8 @@ class _Actor:
             self._call_lock.release()
         try:
             self._unpack(reply)
-        except BaseException:
-            self.envs.clean = False  # an env that failed to close may have left anything behind
+        except BaseException as exc:
+            self.envs.failed_to_close(exc)
             raise
 
     def kill(self) -> None:

@@ -66,6 +66,7 @@ class FakeWorker:
 
     lost = None
     reusable = False
+    retired_because = None
 
     def serving(self, generation: int) -> bool:
         return False

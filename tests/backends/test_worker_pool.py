@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -71,8 +72,14 @@ async def test_a_module_global_an_env_changes_is_seen_by_the_next_env_of_a_reuse
     assert worker_processes() == set()
 
 
-@pytest.mark.parametrize("leave", ["process", "thread", "failing close"])
-async def test_a_worker_whose_env_left_something_behind_or_failed_to_close_is_replaced(leave: str) -> None:
+@pytest.mark.parametrize(
+    ("leave", "reason"),
+    [("process", "left 1 process"), ("thread", "thread(s) running"), ("failing close", "failed to close")],
+)
+async def test_a_worker_whose_env_left_something_behind_or_failed_to_close_is_replaced(
+    leave: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gym_resilience.backends.pool")
     async with BatchRunner(ScriptedEngine(), leaving_env, one_at_a_time(skip_failed_rollouts=True)) as runner:
         result = await runner.generate(leaving_tasks(leave, "", ""))
         pids = [trajectory.env_metrics["pid"] for trajectory in result.trajectories]  # type: ignore[union-attr]
@@ -80,6 +87,8 @@ async def test_a_worker_whose_env_left_something_behind_or_failed_to_close_is_re
         assert runner.env_workers is not None and runner.env_workers.stats.retired == 1
         # The retired worker's group was killed: a process its env left is gone with it.
         assert await eventually(lambda: len(worker_processes()) == 1)
+    retirements = [r.getMessage() for r in caplog.records if r.name == "gym_resilience.backends.pool"]
+    assert len(retirements) == 1 and reason in retirements[0], retirements
     assert worker_processes() == set()
 
 
