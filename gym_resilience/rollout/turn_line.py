@@ -8,7 +8,9 @@ and their generations ending at different steps, the last ones slowed by the eve
 first. So while the engine has no request of the batch in flight, a rollout ready for its next turn waits
 for the others still between a generation and their next request: until each of them sent one or ended,
 or ``RunnerConfig.turn_wait_s`` after the first began to wait. Once any request of the batch is in flight
-the engine is busy, and a request joins its next step: nothing waits.
+the engine is busy, and a request joins its next step: nothing waits. Nor does anything wait for an engine
+never seen with two of the batch's requests at once (one that answers before the event loop moves on, as
+a scripted one does): it has nothing to gain from prompts sent together.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class TurnLine:
     def __init__(self, wait_s: float) -> None:
         self._wait_s = wait_s
         self._in_flight = 0  # requests of the batch in the engine
+        self._batching = False  # the engine was seen with two of them at once
         self._between = 0  # rollouts after a generation, before their next request or their end
         self._held: list[asyncio.Future[None]] = []
         self._deadline: asyncio.TimerHandle | None = None
@@ -35,6 +38,8 @@ class TurnLine:
     def request(self) -> Iterator[None]:
         """Count one engine request in flight while the block runs; the first lets every held rollout go."""
         self._in_flight += 1
+        if self._in_flight > 1:
+            self._batching = True
         if self._held:
             self._release()
         try:
@@ -49,10 +54,10 @@ class TurnLine:
 
     async def next_turn(self) -> None:
         """Return when the rollout may send its next request: at once while a request of the batch is in
-        flight or no other rollout is between turns; else once the last of those sent or ended, or the
-        wait is over."""
+        flight, no other rollout is between turns or the engine was never seen batching; else once the
+        last of those sent or ended, or the wait is over."""
         self._between -= 1
-        if self._in_flight or not self._between or self._wait_s <= 0:
+        if self._in_flight or not self._between or not self._batching or self._wait_s <= 0:
             if self._held:
                 self._release()
             return

@@ -26,8 +26,11 @@ async def _ready(line: TurnLine, name: str, sent: list[str]) -> None:
 
 
 def _between(count: int, wait_s: float = FOREVER_S) -> tuple[TurnLine, list[str]]:
-    """A turn line with ``count`` rollouts between turns, and the list its rollouts note their sends in."""
+    """A turn line with ``count`` rollouts between turns, its engine seen with two requests at once, and
+    the list its rollouts note their sends in."""
     line = TurnLine(wait_s)
+    with line.request(), line.request():
+        pass
     for _ in range(count):
         line.generated()
     return line, []
@@ -156,11 +159,27 @@ def _sent_before_the_last_step_ended(sends: _SendTimes, ended: dict[Any, float],
 async def test_a_turns_requests_wait_for_the_slowest_step_of_their_turn_on_the_scripted_engine() -> None:
     """The envs' steps end over 28 ms: with the line, no second-turn request goes before the last ends;
     without it, the first go at once."""
-    engine = ScriptedEngine()
+    engine = ScriptedEngine(delay_s=0.001)  # its requests are in flight together, as a real engine's
     _, sends, ended = await _staggered_batch(engine, FOREVER_S)
     assert _sent_before_the_last_step_ended(sends, ended, 8) == 0
     _, sends, ended = await _staggered_batch(engine, 0.0)
     assert _sent_before_the_last_step_ended(sends, ended, 8) > 0
+
+
+async def test_nothing_waits_for_an_engine_that_answers_before_the_loop_moves_on() -> None:
+    """Never seen with two requests at once, the engine gains nothing from prompts sent together."""
+    _, sends, ended = await _staggered_batch(ScriptedEngine(), FOREVER_S)
+    assert _sent_before_the_last_step_ended(sends, ended, 8) > 0
+
+
+async def test_a_line_whose_engine_never_held_two_requests_lets_every_rollout_go() -> None:
+    line, sent = TurnLine(FOREVER_S), []
+    with line.request():
+        pass
+    line.generated()
+    line.generated()
+    await _ready(line, "first", sent)
+    assert sent == ["first"]
 
 
 @pytest.mark.slow
@@ -202,8 +221,9 @@ async def test_a_stuck_env_step_holds_the_others_no_longer_than_turn_wait_s() ->
     Env.release, Env.others_done, Env.finished = release, others_done, finished
     config = RunnerConfig(max_turns=3, turn_wait_s=0.05)
     ledger = EnvCounts()
+    engine = ScriptedEngine(delay_s=0.001)  # in flight together: the line holds rollouts for each other
     batch = asyncio.create_task(
-        BatchRunner(ScriptedEngine(), factory(ledger, turns=3, env=Env), config).generate(tasks(4))
+        BatchRunner(engine, factory(ledger, turns=3, env=Env), config).generate(tasks(4))
     )
     try:
         await asyncio.to_thread(others_done.wait, SETTLE_S)
