@@ -4,17 +4,23 @@ tests (an importable module: a worker process or a Ray actor imports these by re
 ``LeavingEnv`` steps once and reports, as numbers in ``info`` (so in ``env_metrics``): its worker's pid,
 whether ``LEFT_BY_AN_ENV`` is in the environment, and ``MODULE_STATE["steps"]``, the steps that envs of the
 same process made before it. Its task's ``env_kwargs["leave"]`` says what it leaves behind at its step:
-an environment variable, a process, a thread, a failing close, a hang.
+an environment variable, a process, a process in a session of its own (``sleep`` with the task's
+``env_kwargs["marker"]`` as its argument, to find it by), a thread, a failing close, a hang, or a process
+in a session of its own and then a hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import psutil
 from gymnasium import spaces
 
 from gym_resilience import Task
@@ -26,9 +32,10 @@ MODULE_STATE = {"steps": 0}
 
 
 class LeavingEnv(ScriptableEnv):
-    def __init__(self, leave: str) -> None:
+    def __init__(self, leave: str, marker: str = "600") -> None:
         super().__init__(observation_space=spaces.Text(32), action_space=spaces.Text(4096))
         self.leave = leave
+        self.marker = marker
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         info = {
@@ -41,6 +48,10 @@ class LeavingEnv(ScriptableEnv):
             os.environ[ENV_VARIABLE] = "1"
         elif self.leave == "process":
             subprocess.Popen(["sleep", "600"])
+        elif self.leave.startswith("session"):  # a sandbox server started apart, as many envs start one
+            subprocess.Popen(["sleep", self.marker], start_new_session=True)
+            if self.leave == "session then hang":
+                time.sleep(600)
         elif self.leave == "thread":
             threading.Thread(target=time.sleep, args=(600,), name="left-behind", daemon=True).start()
         elif self.leave == "hang":
@@ -54,12 +65,38 @@ class LeavingEnv(ScriptableEnv):
 
 
 def leaving_env(task: Task) -> LeavingEnv:
-    return LeavingEnv(str(task.env_kwargs.get("leave", "")))
+    return LeavingEnv(str(task.env_kwargs.get("leave", "")), str(task.env_kwargs.get("marker", "600")))
 
 
-def leaving_tasks(*leaves: str) -> list[Task]:
-    """One task per entry: what its env leaves behind ("" for nothing)."""
+def leaving_tasks(*leaves: str, marker: str = "600") -> list[Task]:
+    """One task per entry: what its env leaves behind ("" for nothing); ``marker``, the argument of the
+    ``sleep`` it leaves in a session of its own."""
     return [
-        Task(prompt=[{"role": "user", "content": f"t{i}"}], instance_id=f"t{i}", env_kwargs={"leave": leave})
+        Task(
+            prompt=[{"role": "user", "content": f"t{i}"}],
+            instance_id=f"t{i}",
+            env_kwargs={"leave": leave, "marker": marker},
+        )
         for i, leave in enumerate(leaves)
+    ]
+
+
+@contextlib.contextmanager
+def session_sleeps(salt: float) -> Iterator[str]:
+    """A marker for the ``sleep`` processes envs leave in sessions of their own (unique to this process
+    and ``salt``); any still running at the end are killed."""
+    marker = f"{600 + os.getpid() % 1000 / 1000 + salt / 1e5:.6f}"
+    try:
+        yield marker
+    finally:
+        for pid in sleeping(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def sleeping(marker: str) -> list[int]:
+    """The pids of the ``sleep marker`` processes still running (a zombie has ended)."""
+    return [
+        process.pid
+        for process in psutil.process_iter(["cmdline", "status"])
+        if process.info["cmdline"] == ["sleep", marker] and process.info["status"] != psutil.STATUS_ZOMBIE
     ]

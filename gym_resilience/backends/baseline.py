@@ -15,11 +15,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import signal
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["WorkerBaseline", "become_subreaper"]
+__all__ = ["WorkerBaseline", "become_subreaper", "descendants", "kill_all"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -43,17 +44,38 @@ def _reap_exited_children() -> None:
             return
 
 
-def _living_children() -> list[int]:
-    """This process's children still running (Linux: every thread's ``children`` list under /proc)."""
+def _living_children(pid: int | str = "self") -> list[int]:
+    """The children of process ``pid`` (this one by default) still running (Linux: every thread's
+    ``children`` list under /proc; elsewhere none are seen)."""
     found: list[int] = []
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return found
     for task in tasks:
-        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children", encoding="ascii") as file:
-            found += [int(pid) for pid in file.read().split()]
+        children = f"/proc/{pid}/task/{task}/children"
+        with contextlib.suppress(OSError), open(children, encoding="ascii") as file:
+            found += [int(child) for child in file.read().split()]
     return found
+
+
+def descendants(pid: int | str = "self") -> list[int]:
+    """Every process below ``pid`` now, children first: what a worker's env started, including those in
+    sessions of their own, which a kill of the worker's process group does not reach."""
+    found: list[int] = []
+    parents = [pid]
+    while parents:
+        children = _living_children(parents.pop())
+        found += children
+        parents += children
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _environ() -> Mapping[Any, Any]:

@@ -40,6 +40,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from gym_resilience.backends import _forkserver_main
+from gym_resilience.backends.baseline import descendants, kill_all
 from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
 from gym_resilience.backends.process_worker import serve
@@ -368,8 +369,12 @@ class _Worker:
                 if grace_s > 0:
                     process.join(grace_s)
                 if process.exitcode is None:
+                    # Listed while the worker still holds them: once it is gone, the ones in sessions of
+                    # their own (out of its group) belong to nobody.
+                    left = descendants(self.pid)
                     _kill_process_group(self.pid)
                     process.kill()  # in case it left its group
+                    kill_all(left)
                 process.join()
                 self.exitcode = process.exitcode
                 # What the env started and left behind; the group's id is not reused while it has members.

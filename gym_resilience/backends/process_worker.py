@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import gymnasium
 
-from gym_resilience.backends.baseline import WorkerBaseline, become_subreaper
+from gym_resilience.backends.baseline import WorkerBaseline, become_subreaper, descendants, kill_all
 from gym_resilience.backends.protocol import answer_ending, answer_open, unpack_ending
 
 __all__ = ["serve"]
@@ -41,6 +41,7 @@ def _exit_when_orphaned(lifeline: Connection[Any, Any], grace_s: float) -> None:
 def _end_orphaned_group() -> None:
     """End this worker and what its env started: nobody else will, with the parent gone (its ``_end``
     kills the group otherwise)."""
+    kill_all(descendants())  # those in sessions of their own first: the group's kill ends the worker
     if hasattr(os, "killpg"):
         with contextlib.suppress(OSError):
             os.killpg(0, signal.SIGKILL)  # the worker leads its group (setsid): it goes too
@@ -68,10 +69,10 @@ def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], grace_s: f
     threading.Thread(
         target=_exit_when_orphaned, args=(lifeline, grace_s), name="lifeline", daemon=True
     ).start()
-    baseline: WorkerBaseline | None = None
-    if reuse:
-        become_subreaper()  # so that the orphans of what an env started still count as its leftovers
-        baseline = WorkerBaseline()
+    # The orphans of what an env started stay below the worker: they count as its leftovers, and they end
+    # with the worker even in a session of their own (which its group's kill does not reach).
+    become_subreaper()
+    baseline = WorkerBaseline() if reuse else None
     env: gymnasium.Env[Any, Any] | None = None
     try:
         while True:
@@ -81,7 +82,10 @@ def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], grace_s: f
                 reply = _serve_env(conn, env, baseline)
                 env = None
             if baseline is None or unpack_ending(reply)[1] is not None:
-                break  # one env only, or the env left something behind: the parent kills what is left
+                # One env only, or the env left something behind: the parent kills the group, and the
+                # worker what left it.
+                kill_all(descendants())
+                break
     except (EOFError, OSError):  # the parent went away without a close request
         if env is not None:
             with contextlib.suppress(Exception):

@@ -26,6 +26,8 @@ import psutil
 import pytest
 import ray
 from doubles import HANG_S, SandboxError
+from leaks import eventually
+from pool_envs import leaving_env, leaving_tasks, session_sleeps, sleeping
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gym_resilience import (
@@ -359,6 +361,21 @@ async def test_a_failed_batch_leaves_no_env_actor_alive(ray_cluster: LocalCluste
     async with BatchRunner(ScriptedEngine(delay_s=0.2), failing_for_task_2, config) as runner:
         with pytest.raises(EnvStepError):
             await runner.generate(plain_tasks(4))
+    assert_no_env_actor_alive(ray_cluster)
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["retired", "one env per actor"])
+async def test_a_process_an_env_started_in_a_session_of_its_own_ends_with_its_actor(
+    ray_cluster: LocalCluster, reuse: bool
+) -> None:
+    """Ray ends what its killed worker processes started (sessions of their own included): an actor
+    retired for what its env left, or after its one env, leaves nothing running."""
+    config = RunnerConfig(env_backend="ray", max_concurrency=1, env_workers=1, env_worker_reuse=reuse)
+    with session_sleeps(10 + reuse) as marker:
+        async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+            result = await runner.generate(leaving_tasks("session", "", marker=marker))
+            assert not result.failures, result.failures
+            assert await eventually(lambda: not sleeping(marker)), f"left running: {sleeping(marker)}"
     assert_no_env_actor_alive(ray_cluster)
 
 

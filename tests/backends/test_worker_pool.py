@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 from leaks import alive_workers, eventually, wait_until, worker_processes
-from pool_envs import leaving_env, leaving_tasks
+from pool_envs import leaving_env, leaving_tasks, session_sleeps, sleeping
 
 from gym_resilience import BatchRunner, RunnerConfig, UnsupportedConfigError
 from gym_resilience.backends.process import IsolatedEnv, process_workers
@@ -90,6 +90,29 @@ async def test_a_worker_whose_env_left_something_behind_or_failed_to_close_is_re
     retirements = [r.getMessage() for r in caplog.records if r.name == "gym_resilience.backends.pool"]
     assert len(retirements) == 1 and reason in retirements[0], retirements
     assert worker_processes() == set()
+
+
+@pytest.mark.parametrize(
+    ("leave", "options"),
+    [
+        ("session", {}),  # retired for what its env left, and killed with that
+        ("session", {"env_worker_reuse": False}),  # a worker per env ends what its env left as it exits
+        ("session then hang", {"env_step_timeout_s": 1.0}),  # killed at its env's step deadline
+    ],
+    ids=["retired", "one env per worker", "killed at a deadline"],
+)
+async def test_a_process_an_env_started_in_a_session_of_its_own_ends_with_its_worker(
+    leave: str, options: dict[str, Any]
+) -> None:
+    """A sandbox server started with ``start_new_session=True`` is out of the worker's process group,
+    which the worker's kill ends: it still ends with the worker."""
+    config = one_at_a_time(skip_failed_rollouts=True, **options)
+    with session_sleeps(len(leave) + len(options)) as marker:
+        async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+            result = await runner.generate(leaving_tasks(leave, "", marker=marker))
+            assert not result.trajectories[1].is_placeholder
+            assert await eventually(lambda: not sleeping(marker)), f"left running: {sleeping(marker)}"
+        assert worker_processes() == set()
 
 
 async def test_a_worker_past_its_step_deadline_is_killed_and_the_pool_never_exceeds_its_size() -> None:
@@ -173,7 +196,7 @@ POOLED_BATCH = textwrap.dedent(
     """
     import asyncio, os
     import psutil
-    from pool_envs import leaving_env, leaving_tasks
+    from pool_envs import leaving_env, leaving_tasks, session_sleeps, sleeping
     from gym_resilience import BatchRunner, RunnerConfig
     from gym_resilience.engines.scripted import ScriptedEngine
 
