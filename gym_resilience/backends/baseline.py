@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import threading
@@ -29,7 +28,7 @@ def become_subreaper() -> None:
     """Make this process adopt its descendants' orphans (Linux), so a grandchild whose parent exited
     still shows among this process's children. Elsewhere, or refused, only direct children are seen."""
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc's among them
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 

@@ -371,10 +371,10 @@ class _Worker:
                 if process.exitcode is None:
                     # Listed while the worker still holds them: once it is gone, the ones in sessions of
                     # their own (out of its group) belong to nobody.
-                    left = descendants(self.pid)
+                    # Killed while the worker lives: none of them can have been reaped, nor its pid reused.
+                    kill_all(descendants(self.pid))
                     _kill_process_group(self.pid)
                     process.kill()  # in case it left its group
-                    kill_all(left)
                 process.join()
                 self.exitcode = process.exitcode
                 # What the env started and left behind; the group's id is not reused while it has members.

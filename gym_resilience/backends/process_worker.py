@@ -69,10 +69,13 @@ def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], grace_s: f
     threading.Thread(
         target=_exit_when_orphaned, args=(lifeline, grace_s), name="lifeline", daemon=True
     ).start()
-    # The orphans of what an env started stay below the worker: they count as its leftovers, and they end
-    # with the worker even in a session of their own (which its group's kill does not reach).
-    become_subreaper()
-    baseline = WorkerBaseline() if reuse else None
+    baseline: WorkerBaseline | None = None
+    if reuse:
+        # The orphans of what an env started stay below the worker (reaped as each env is judged): they
+        # count as its leftovers, and end with it even in a session of their own. A worker of one env
+        # adopts none (nothing would reap them meanwhile); it ends what is still below it as it exits.
+        become_subreaper()
+        baseline = WorkerBaseline()
     env: gymnasium.Env[Any, Any] | None = None
     try:
         while True:

@@ -114,7 +114,7 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
         env, opened = await open_env(call, rollout.make_env, reset, late)
         progress.node_id = env.node_id
         if opened is None:
-            messages, _ = await call(reset, env.env, kind="reset")
+            messages, _ = await call(reset, env.env, kind="open")
         else:
             progress.env_s += opened.seconds
             messages, _ = opened.result()

@@ -55,18 +55,23 @@ class CallHistory:
     runner so that a batch's first calls need not teach it again. Calls count as blocking while a kind's
     share is 1/8 or more: a fast env's call that lost the interpreter to another thread once in a while
     does not reach it, an env whose every step waits on a tool does, and a batch's fast builds and closes
-    do not wash out what its steps showed. Updated from pool threads without a lock (a lost update only
-    nudges a share)."""
+    do not wash out what its steps showed. The kinds are fixed (``KINDS``; any other counts as
+    ``"call"``), so that pool threads of several batches can update them while another reads them.
+    Updated without a lock (a lost update only nudges a share)."""
+
+    KINDS = ("open", "step", "close", "call")
 
     def __init__(self) -> None:
-        self.shares: dict[str, float] = {}
+        self.shares: dict[str, float] = dict.fromkeys(self.KINDS, 0.0)
 
     @property
     def blocking(self) -> bool:
         return any(share >= _BLOCKING_SHARE for share in self.shares.values())
 
     def record(self, blocked: bool, kind: str = "call") -> None:
-        share = self.shares.get(kind, 0.0)
+        if kind not in self.shares:
+            kind = "call"
+        share = self.shares[kind]
         self.shares[kind] = share + (blocked - share) * _SHARE_WEIGHT
 
 
@@ -222,7 +227,8 @@ class EnvPool:
                     self._waiting -= 1
                 else:
                     self._idle += 1
-            self._history.record(blocked, kind)
+            if kind != "apart":  # on a thread of its own: nothing to tell about the pool's threads
+                self._history.record(blocked, kind)
             if blocked and self._waiting:
                 self._grow()
             self._outcomes.append(outcome)
