@@ -308,7 +308,7 @@ async def _on_a_thread_of_its_own(call: Callable[[], object]) -> None:
 
 class _Supervisor:
     """Runs every job, at most ``limit`` at once; on the first failure that must propagate, cancels the
-    rest and raises it once every rollout has finished (and closed its env).
+    rest and raises it once every rollout has finished (and closed its env), or ``teardown_s`` passed.
 
     Rollouts are started in job order, the first ``limit`` at once (the start line's), then as slots
     free up rather than all at once, so a large batch keeps a bounded number of tasks alive and the
@@ -343,6 +343,7 @@ class _Supervisor:
             await self._wait_for_rollouts()
             raise
         if self._aborting is not None:
+            await self._wait_for_rollouts()
             raise self._aborting
         return [outcome for outcome in self._results if outcome is not None]
 
@@ -392,8 +393,11 @@ class _Supervisor:
         self._launch()
 
     def _abort(self, error: BaseException) -> None:
+        """Cancel every rollout and wake ``run``, which waits for them (bounded) and raises ``error``."""
         if self._aborting is None:
             self._aborting = error
+            if not self._finished.done():
+                self._finished.set_result(None)
             for task in self._running:
                 if not task.done() and not task.cancelling():
                     task.cancel()
@@ -466,7 +470,7 @@ class _Batch:
             )
             log_failed_rollout(failure)
             return failure
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
             raise
         except BaseException as exc:
             return _Fatal(exc)

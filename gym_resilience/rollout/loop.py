@@ -128,6 +128,8 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
 
     try:
         result = await _within_rollout_deadline(rollout, episode())
+    except GeneratorExit:  # collected unfinished (asyncio lost its wake-up): the batch closed its env
+        raise
     except BaseException as exc:
         if env is not None:
             await close_after_failure(env, call, exc, late)

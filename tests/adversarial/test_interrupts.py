@@ -139,6 +139,45 @@ def test_an_interrupt_as_the_turn_line_lets_rollouts_go_does_not_hang_the_batchs
     assert interrupted_batch().closed_more_than_once() == 0
 
 
+def test_a_rollout_whose_wake_up_an_interrupt_lost_holds_the_aborted_batch_for_its_teardown_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A signal handler's interrupt inside ``Future.set_result``, as it schedules its waiter, leaves the
+    # future done and the waiting task asleep for good (asyncio's loss). Here it lands as the start line
+    # hands out the first prompts: the rollout that opened the line raises it, the batch aborts, and the
+    # rollout whose wake-up was lost never ends; the batch raises once its teardown time passed.
+    monkeypatch.setattr(runner_module, "KILL_GRACE_S", 0.5)  # teardown: 2 * (0.5 + 0.5) + 1 = 3 s
+    config = RunnerConfig(max_turns=5, close_timeout_s=0.5)
+    runner = BatchRunner(slow_engine(), factory(ledger := EnvCounts(), turns=5), config)
+    lost: list[asyncio.Future[Any]] = []
+
+    def lose_a_wake_up(loop: asyncio.AbstractEventLoop) -> None:
+        call_soon = loop.call_soon
+
+        def scheduling(callback: Any, *args: Any, context: Any = None) -> Any:
+            name = getattr(callback, "__name__", None)
+            if not lost and name == "task_wakeup" and sys._getframe(1).f_code.co_name == "_release":
+                lost.append(args[0])
+                raise KeyboardInterrupt("as the start line wakes a rollout")
+            return call_soon(callback, *args, context=context)
+
+        loop.call_soon = scheduling  # type: ignore[method-assign]
+
+    async def main() -> None:
+        lose_a_wake_up(asyncio.get_running_loop())
+        await runner.generate(tasks(32))
+
+    loop = asyncio.new_event_loop()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        # Without the bound the batch would wait for that rollout forever: 30 s turns it into a failure.
+        loop.run_until_complete(asyncio.wait_for(main(), 30))
+    assert time.monotonic() - started < 15
+    asleep = [t for t in asyncio.all_tasks(loop) if t._fut_waiter is not None and t._fut_waiter in lost]
+    assert len(lost) == 1 and lost[0].done() and len(asleep) == 1  # the wake-up was lost, as in asyncio
+    assert settled(ledger) and ledger.closed_more_than_once() == 0
+
+
 STRESS = textwrap.dedent(
     """
     import asyncio, json, random, signal, sys, threading, time, os
@@ -161,13 +200,20 @@ STRESS = textwrap.dedent(
         while True:
             time.sleep(0.5)
             started = current.get("since")
-            if started is not None and time.monotonic() - started > 30:
-                # A task whose wake-up asyncio itself lost (the interrupt landed between its own steps)
-                # waits on a future that is done: the one hang no library code can prevent.
+            if started is not None and time.monotonic() - started > 30:  # the batch's teardown: 15 s
+                # The one hang no library code can prevent: the batch raised the interrupt, and
+                # asyncio.run's shutdown waits for a task whose wake-up asyncio itself lost (the
+                # interrupt landed inside the loop's own steps): it waits on a future that is done, or
+                # on nothing with no step of its own scheduled.
                 loop = current["loop"]
-                lost = [t for t in asyncio.all_tasks(loop) if not t.done() and t._fut_waiter is not None
-                        and t._fut_waiter.done()]
-                report["hung"] = "asyncio lost a wake-up" if lost else "".join(
+                scheduled = {{getattr(h._callback, "__self__", None) for h in loop._ready}}
+                lost = [t for t in asyncio.all_tasks(loop) if not t.done() and (
+                    t._fut_waiter.done() if t._fut_waiter is not None else t not in scheduled)]
+                frame, in_shutdown = sys._current_frames().get(threading.main_thread().ident), False
+                while frame is not None:
+                    in_shutdown |= frame.f_code.co_name == "_cancel_all_tasks"
+                    frame = frame.f_back
+                report["hung"] = "asyncio lost a wake-up" if lost and in_shutdown else "".join(
                     repr(t.get_stack()) for t in asyncio.all_tasks(loop))
                 print(json.dumps(report), flush=True)
                 os._exit(0)
@@ -180,7 +226,7 @@ STRESS = textwrap.dedent(
     for i in range(runs):
         ledger = EnvCounts()
         runner = BatchRunner(ScriptedEngine(), factory(ledger, turns=3), RunnerConfig(max_turns=3,
-                             skip_failed_rollouts=True))
+                             skip_failed_rollouts=True, close_timeout_s=2.0))
         current["since"] = time.monotonic()
         armed[0] = True
         signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.0005, 0.03))
