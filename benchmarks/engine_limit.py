@@ -18,7 +18,10 @@ for (``RunnerConfig.sampling``: greedy, seeded ``seed + rollout index``).
     ``eager``: the async engine with ``enforce_eager=True`` (no torch.compile: a faster start). One
     in-process engine runs per process (vLLM keeps its parallel state per process), so the eager one
     is the async engine. The noise floor: a second ``LLM.generate`` run beside the first, and two
-    identical ``gather``s on the in-process engine.
+    identical ``gather``s on the in-process engine. Then the time split of single batches of the runner
+    and of ``gather`` on the in-process engine (extra runs, not in the ratios): until the last request
+    went in, from there until the last result came back, and after it (the runner: last env steps,
+    closes and the batch's output).
 (b) Three turns with a 20 ms env step (64 tasks x 32 tokens a turn), every runner with its default
     settings. The limit is the turn-synchronous loop: the offline engine generating the same per-turn
     inputs (read off the runner's own trajectories), one batch per turn, plus one 20 ms env step per
@@ -158,6 +161,14 @@ def covered(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def length(spans: Sequence[tuple[float, float]]) -> float:
     return sum(end - begin for begin, end in spans)
+
+
+def edges(total: float, spans: Spans) -> tuple[float, float, float, float]:
+    """A single-turn batch's time as (total, until its last request went in, from there until its last
+    result came back, after that)."""
+    last_in = max(begin for begin, _ in spans.generating)
+    last_out = max(end for _, end in spans.generating)
+    return total, last_in, last_out - last_in, total - last_out
 
 
 def split(total: float, spans: Spans) -> tuple[float, float, float]:
@@ -368,6 +379,21 @@ async def compare(
     splits: list[tuple[float, float, float, float]] = []  # total, generating, env only, neither
     offline_generating: list[float] = []
 
+    timed_single = BatchRunner(TimedEngine(thread_engine), SleepyEnv, one_turn)
+    single_splits: dict[str, list[tuple[float, float, float, float]]] = {"runner": [], "gather": []}
+
+    async def single_split() -> None:
+        """One single-turn batch of the runner and one of ``gather``, their requests noted."""
+        gc.collect()
+        SPANS.begin()
+        await timed_single.generate(single)
+        single_splits["runner"].append(edges(SPANS.now(), SPANS))
+        gc.collect()
+        SPANS.begin()
+        timed = TimedEngine(thread_engine)
+        await asyncio.gather(*(timed.generate(p, s) for p, s in zip(prompts, single_sampling, strict=True)))
+        single_splits["gather"].append(edges(SPANS.now(), SPANS))
+
     async def time_split() -> None:
         """One runner batch with its spans noted, and one offline run's generation, for the split."""
         gc.collect()
@@ -388,8 +414,11 @@ async def compare(
         for run in workload.values():
             await run()
     await time_split()
+    await single_split()
     splits.clear()
     offline_generating.clear()
+    single_splits["runner"].clear()
+    single_splits["gather"].clear()
     for round_index in range(rounds):
         for workload_name, workload in variants.items():
             limit, *names = list(workload)
@@ -414,6 +443,7 @@ async def compare(
                 best_to_limit.setdefault(key, []).append(max(runs[name]) / max(beside[name]))
         for _ in range(REPEATS):
             await time_split()
+            await single_split()
         print(f"  round {round_index + 1}/{rounds} done (load {load()})", flush=True)
 
     titles = {
@@ -436,7 +466,20 @@ async def compare(
                 f"    {name:<28} {summary(rates[key])}   {spread(to_limit[key])}   "
                 f"fastest {spread(best_to_limit[key])}"
             )
+    print_single_split(single_splits)
     print_split(splits, offline_generating)
+
+
+def print_single_split(splits: dict[str, list[tuple[float, float, float, float]]]) -> None:
+    """Where a single-turn batch's time goes, the runner's beside ``gather``'s."""
+    count = len(splits["runner"])
+    print(f"(a) time split, median of {count} single-turn batches each on the in-process engine (ms)")
+    for name, rows in splits.items():
+        total, before, engine, after = (statistics.median(column) * 1e3 for column in zip(*rows, strict=True))
+        print(
+            f"    {name:<7} total {total:5.1f} = until the last request went in {before:4.1f} + until the "
+            f"last result came back {engine:5.1f} + after it {after:4.1f}"
+        )
 
 
 def print_split(splits: list[tuple[float, float, float, float]], offline_generating: list[float]) -> None:
