@@ -25,7 +25,7 @@ from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Engine, Generation, Sampling
 from gym_resilience.errors import EngineContractError, describe_exception
 from gym_resilience.rollout.codec import chat_ids
-from gym_resilience.validation import first_bad_number, first_bad_token, show
+from gym_resilience.validation.values import first_bad_number, first_bad_token, show
 
 __all__ = [
     "GENERATION_CHECKS",

@@ -11,7 +11,7 @@ import numpy as np
 
 from gym_resilience.engines.base import Generation
 from gym_resilience.errors import EngineError
-from gym_resilience.validation import first_bad_number, first_bad_token, show
+from gym_resilience.validation.values import first_bad_number, first_bad_token, show
 
 __all__ = ["check_generation", "checked_step", "numeric_info"]
 
