@@ -27,14 +27,13 @@ from doubles import EnvCounts, factory, tasks
 
 from gym_resilience import BatchRunner, RetryPolicy, RunnerConfig, Trajectory, validate_batch_output
 from gym_resilience.engines import Engine, Sampling
-from gym_resilience.engines.openai import (
-    OpenAIEngine,
-    OpenAIEngineStats,
+from gym_resilience.engines.completions import (
     choose_endpoint,
     classify_status,
     completion_request,
     parse_completion,
 )
+from gym_resilience.engines.openai import OpenAIEngine, OpenAIEngineStats
 from gym_resilience.engines.vllm import VLLMEngine
 from gym_resilience.engines.vllm_server import SERVER_MODULE, VLLMServer, free_ports, servers
 from gym_resilience.errors import (
