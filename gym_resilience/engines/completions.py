@@ -1,6 +1,6 @@
 """The completions protocol of vLLM's OpenAI-compatible server, as pure functions: the request body for
-one generation, the ``Generation`` in a response (checked), what a failed status blames, and which
-endpoint serves a request next. ``OpenAIEngine`` (``engines/openai.py``) does the I/O around them.
+one generation, the ``Generation`` in a response (checked), what a failed response says and blames, and
+which endpoint serves a request next. ``OpenAIEngine`` (``engines/openai.py``) does the I/O around them.
 """
 
 from __future__ import annotations

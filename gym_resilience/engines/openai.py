@@ -35,11 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.engines.base import Generation, Sampling, Tokenizer
-from gym_resilience.engines.common import (
-    EngineState,
-    StartedEngine,
-    load_tokenizer,
-)
+from gym_resilience.engines.common import EngineState, StartedEngine, load_tokenizer
 from gym_resilience.engines.completions import (
     choose_endpoint,
     classify_status,

@@ -11,8 +11,8 @@ has 5``. A bad value is shown as its repr followed by its type name in parenthes
 e.g. ``sample 2: rewards is nan (float), expected a finite number``. Within one row and column only the
 first bad entry is reported, so a corrupt row cannot flood the error.
 
-The validator runs on every training step, so per-token work is done with builtins that loop in C
-(``set(map(type, ...))``, ``min``, ``any``) and falls back to a Python loop only to locate a bad entry.
+The checks live by what they check: ``columns.py`` (columns and rows), ``placeholders.py`` (placeholder
+rows), ``steps.py`` (step-wise batches); ``values.py`` finds and shows a bad value.
 """
 
 from __future__ import annotations

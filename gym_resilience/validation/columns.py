@@ -74,8 +74,8 @@ _NESTED_COLUMNS: Final = ("prompt_token_ids", "response_ids", "loss_masks", "rol
 
 def column(output: BatchOutput, name: str) -> list[Any]:
     """The column's rows, or [] when it is None or not a list (``check_columns_are_lists`` reports it)."""
-    column = getattr(output, name, None)
-    return column if isinstance(column, list) else []
+    rows = getattr(output, name, None)
+    return rows if isinstance(rows, list) else []
 
 
 def list_rows(output: BatchOutput, name: str) -> Iterator[tuple[int, list[Any]]]:
@@ -86,6 +86,7 @@ def list_rows(output: BatchOutput, name: str) -> Iterator[tuple[int, list[Any]]]
 
 
 def batch_size(output: BatchOutput) -> int | None:
+    """The number of rows of ``response_ids``; None when it is not a list."""
     response_ids = getattr(output, "response_ids", None)
     return len(response_ids) if isinstance(response_ids, list) else None
 
@@ -112,11 +113,11 @@ def check_columns_are_lists(output: BatchOutput) -> list[str]:
     """Every per-sample column is a list (optional ones may be None)."""
     problems = []
     for name in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
-        column = getattr(output, name, None)
-        if name in OPTIONAL_COLUMNS and column is None:
+        rows = getattr(output, name, None)
+        if name in OPTIONAL_COLUMNS and rows is None:
             continue
-        if not isinstance(column, list):
-            problems.append(f"batch: {name} is {show(column)}, expected a list")
+        if not isinstance(rows, list):
+            problems.append(f"batch: {name} is {show(rows)}, expected a list")
     return problems
 
 
@@ -127,9 +128,9 @@ def check_column_lengths(output: BatchOutput) -> list[str]:
         return []
     problems = []
     for name in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
-        column = getattr(output, name, None)
-        if isinstance(column, list) and len(column) != size:
-            problems.append(f"batch: {name} has {len(column)} rows but response_ids has {size}")
+        rows = getattr(output, name, None)
+        if isinstance(rows, list) and len(rows) != size:
+            problems.append(f"batch: {name} has {len(rows)} rows but response_ids has {size}")
     return problems
 
 
@@ -307,6 +308,7 @@ def check_trajectory_id_types(output: BatchOutput) -> list[str]:
 
 
 def is_well_formed(tid: TrajectoryId) -> bool:
+    """Whether the id's fields have their types: a str instance id and an int (not bool) repetition."""
     repetition = tid.repetition
     return (
         isinstance(tid.instance_id, str) and isinstance(repetition, int) and not isinstance(repetition, bool)

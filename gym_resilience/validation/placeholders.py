@@ -21,6 +21,7 @@ __all__ = [
 
 
 def placeholder_rows(output: BatchOutput) -> Iterator[int]:
+    """The indexes of the rows flagged placeholders (``is_placeholder`` True)."""
     return (index for index, flag in enumerate(column(output, "is_placeholder")) if flag is True)
 
 

@@ -1,4 +1,5 @@
-"""How the output validator and the rollout's checks find a bad value in a row and show it in an error.
+"""How the output validator and the checks of engines' generations find a bad value in a row and show it
+in an error.
 
 Rows are checked with builtins that loop in C (``set(map(type, ...))``, ``min``, ``sum``); a Python loop
 runs only to locate the bad entry once one is known to be there.
@@ -33,6 +34,7 @@ def show(value: Any) -> str:
 
 
 def is_real(value: Any) -> bool:
+    """A real number: an int or float, or a ``numbers.Real`` that is not a bool."""
     return (
         type(value) is float
         or type(value) is int
@@ -41,6 +43,7 @@ def is_real(value: Any) -> bool:
 
 
 def is_finite_real(value: Any) -> bool:
+    """A real number that is neither NaN nor infinite."""
     try:
         return is_real(value) and math.isfinite(value)
     except OverflowError:  # an int too large for a float
@@ -48,6 +51,7 @@ def is_finite_real(value: Any) -> bool:
 
 
 def equals(value: Any, expected: Any) -> bool:
+    """``value == expected`` as one bool; False when ``==`` raises or gives no single bool."""
     try:
         return bool(value == expected)
     except Exception:  # a foreign row (a numpy array) whose == is not one bool; other checks report it
@@ -74,12 +78,14 @@ def _first_bad(values: list[Any], is_good: Callable[[Any], bool]) -> int | None:
 
 
 def first_bad_token(ids: list[Any]) -> int | None:
+    """The index of the first entry that is not a token id (an int >= 0, not a bool); None if all are."""
     if not ids or (set(map(type, ids)) == {int} and min(ids) >= 0):
         return None
     return _first_bad(ids, _is_token_id)
 
 
 def first_bad_mask_value(mask: list[Any]) -> int | None:
+    """The index of the first entry that is not the int 0 or 1; None if all are."""
     # The type test matters: True == 1 and 1.0 == 1, so the value set alone would let them through.
     if not mask or (set(map(type, mask)) == {int} and set(mask) <= {0, 1}):
         return None
@@ -87,6 +93,8 @@ def first_bad_mask_value(mask: list[Any]) -> int | None:
 
 
 def first_bad_number(values: list[Any], *, at_most_zero: bool = False) -> int | None:
+    """The index of the first entry that is not a finite real (<= 0 too with ``at_most_zero``: a logprob);
+    None if all are."""
     if not values:
         return None
     try:

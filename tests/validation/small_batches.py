@@ -14,13 +14,9 @@ from gym_resilience.trajectories import (
     TrajectoryId,
     build_batch_output,
 )
-from gym_resilience.validation import (
-    validate_batch_output,
-)
+from gym_resilience.validation import validate_batch_output
 
 PAD = 0
-
-# Helpers: small valid batches to break one field at a time.
 
 
 def real(

@@ -92,7 +92,9 @@ def test_validating_a_batch_leaves_its_empty_is_placeholder_as_it_was() -> None:
     assert output.is_placeholder == []
 
 
-@pytest.mark.parametrize("value", [[], (), "batch", 3, None, object()], ids=repr)
+@pytest.mark.parametrize(
+    "value", [[], (), "batch", 3, None, object()], ids=["list", "tuple", "str", "int", "None", "object"]
+)
 def test_anything_but_a_batch_output_or_a_mapping_is_a_type_error_naming_it(value: Any) -> None:
     with pytest.raises(TypeError) as info:
         validate_batch_output(value, 3)

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from small_batches import placeholder, problems, step_wise_batch
+from small_batches import placeholder
 
 from gym_resilience.errors import OutputValidationError
 from gym_resilience.trajectories import (
@@ -35,9 +34,6 @@ from gym_resilience.validation import (
 
 # A valid batch must not warn either, unless a test says so.
 pytestmark = pytest.mark.filterwarnings("error::gym_resilience.validation.OutputValidationWarning")
-
-
-# Property tests: random valid batches pass; one corrupted field is always reported, naming its row.
 
 
 @dataclass
@@ -335,33 +331,3 @@ def test_random_single_field_corruption_is_reported_naming_its_row(
         validate_batch_output(output, len(items), step_wise=shape.step_wise)
     naming_row = re.compile(rf"\bsample {row}\b")
     assert any(naming_row.search(problem) for problem in info.value.problems), info.value.problems
-
-
-@pytest.mark.parametrize(
-    ("tid", "shown"),
-    [
-        (TrajectoryId(["a"], 0), "instance_id ['a'] and repetition 0 (int)"),  # type: ignore[arg-type]
-        (TrajectoryId("a", 0.5), "instance_id 'a' (str) and repetition 0.5 (float)"),  # type: ignore[arg-type]
-        (TrajectoryId("a", True), "instance_id 'a' (str) and repetition True (bool)"),
-    ],
-)
-def test_a_trajectory_id_with_fields_of_the_wrong_type_is_reported_never_raised(
-    tid: TrajectoryId, shown: str
-) -> None:
-    output = step_wise_batch()
-    output.trajectory_ids[3] = output.trajectory_ids[4] = tid  # trajectory c's two steps
-    expected = [f"sample {row}: trajectory_ids has {shown}, expected a str and an int" for row in (3, 4)]
-    assert problems(output, step_wise=True) == expected
-
-
-def test_skyrls_trajectory_ids_with_numpys_integers_are_read_as_trajectory_ids() -> None:
-    @dataclass
-    class SkyRLTrajectoryID:
-        instance_id: str
-        repetition_id: Any
-
-    data = step_wise_batch().to_dict()
-    data["trajectory_ids"] = [
-        SkyRLTrajectoryID(t.instance_id, np.int64(t.repetition)) for t in data["trajectory_ids"]
-    ]
-    validate_batch_output(data, num_prompts=3, step_wise=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
@@ -131,7 +130,7 @@ def test_validation_still_raises_under_python_optimize() -> None:
     assert result.stdout.strip() == "('sample 0: response_ids is empty',)"
 
 
-def test_ten_thousand_rows_validate_well_under_a_second() -> None:
+def test_ten_thousand_rows_validate_and_one_bad_entry_among_them_is_reported_naming_its_row() -> None:
     rows = [
         real(
             list(range(i % 50, i % 50 + 40)),
@@ -144,7 +143,8 @@ def test_ten_thousand_rows_validate_well_under_a_second() -> None:
         for i in range(10_000)
     ]
     output = build_batch_output(rows)
-    start = time.process_time()
     validate_batch_output(output, 10_000)
-    # Typically ~0.15 s of CPU; the bound leaves room for a loaded machine.
-    assert time.process_time() - start < 1.0
+    output.rollout_logprobs[7_654][39] = float("nan")
+    assert problems(output, 10_000) == [
+        "sample 7654: rollout_logprobs[39] is nan (float), expected a finite number <= 0"
+    ]

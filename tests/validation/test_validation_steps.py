@@ -6,8 +6,10 @@ exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 from small_batches import A, B, passes, placeholder, problems, real, step_wise_batch
 
@@ -17,6 +19,7 @@ from gym_resilience.trajectories import (
     TrajectoryId,
     build_batch_output,
 )
+from gym_resilience.validation import validate_batch_output
 
 # A valid batch must not warn either, unless a test says so.
 pytestmark = pytest.mark.filterwarnings("error::gym_resilience.validation.OutputValidationWarning")
@@ -134,3 +137,33 @@ def test_step_wise_placeholder_continuing_a_trajectory_is_reported() -> None:
         "sample 2: trajectory_ids of a placeholder continues trajectory a_0 from sample 1; "
         "a placeholder is a one-step trajectory"
     ]
+
+
+@pytest.mark.parametrize(
+    ("tid", "shown"),
+    [
+        (TrajectoryId(["a"], 0), "instance_id ['a'] and repetition 0 (int)"),  # type: ignore[arg-type]
+        (TrajectoryId("a", 0.5), "instance_id 'a' (str) and repetition 0.5 (float)"),  # type: ignore[arg-type]
+        (TrajectoryId("a", True), "instance_id 'a' (str) and repetition True (bool)"),
+    ],
+)
+def test_a_trajectory_id_with_fields_of_the_wrong_type_is_reported_never_raised(
+    tid: TrajectoryId, shown: str
+) -> None:
+    output = step_wise_batch()
+    output.trajectory_ids[3] = output.trajectory_ids[4] = tid  # trajectory c's two steps
+    expected = [f"sample {row}: trajectory_ids has {shown}, expected a str and an int" for row in (3, 4)]
+    assert problems(output, step_wise=True) == expected
+
+
+def test_skyrls_trajectory_ids_with_numpys_integers_are_read_as_trajectory_ids() -> None:
+    @dataclass
+    class SkyRLTrajectoryID:
+        instance_id: str
+        repetition_id: Any
+
+    data = step_wise_batch().to_dict()
+    data["trajectory_ids"] = [
+        SkyRLTrajectoryID(t.instance_id, np.int64(t.repetition)) for t in data["trajectory_ids"]
+    ]
+    validate_batch_output(data, num_prompts=3, step_wise=True)
