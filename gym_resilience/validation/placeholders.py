@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from gym_resilience.placeholders import PLACEHOLDER
 from gym_resilience.trajectories import ROLLOUT_ERROR_STOP_REASON, BatchOutput
@@ -45,44 +46,35 @@ def check_placeholder_responses(output: BatchOutput) -> list[str]:
 
 def check_placeholder_loss_masks(output: BatchOutput) -> list[str]:
     """A placeholder's loss mask is ``[0]``: nothing of it is trained on."""
-    masks, expected = column(output, "loss_masks"), PLACEHOLDER.loss_masks()
-    return [
-        f"sample {index}: loss_masks of a placeholder is {show(masks[index])}, expected {expected}"
-        for index in placeholder_rows(output)
-        if index < len(masks) and not equals(masks[index], expected)
-    ]
+    expected = PLACEHOLDER.loss_masks()
+    return _placeholder_values(output, "loss_masks", (expected,), str(expected))
 
 
 def check_placeholder_rewards(output: BatchOutput) -> list[str]:
     """A placeholder's reward is ``0.0`` (trajectory-level) or ``[0.0]`` (token-level)."""
-    rewards = column(output, "rewards")
     shapes = (PLACEHOLDER.rewards(token_level=False), PLACEHOLDER.rewards(token_level=True))
-    expected = " or ".join(map(str, shapes))
-    return [
-        f"sample {index}: rewards of a placeholder is {show(rewards[index])}, expected {expected}"
-        for index in placeholder_rows(output)
-        if index < len(rewards) and not any(equals(rewards[index], shape) for shape in shapes)
-    ]
+    return _placeholder_values(output, "rewards", shapes, " or ".join(map(str, shapes)))
 
 
 def check_placeholder_stop_reasons(output: BatchOutput) -> list[str]:
     """A placeholder stops with ``"rollout_error"``."""
-    reasons = column(output, "stop_reasons")
-    return [
-        f"sample {index}: stop_reasons of a placeholder is {show(reasons[index])}, "
-        f"expected {PLACEHOLDER.stop_reason!r}"
-        for index in placeholder_rows(output)
-        if index < len(reasons) and not equals(reasons[index], PLACEHOLDER.stop_reason)
-    ]
+    reason = PLACEHOLDER.stop_reason
+    return _placeholder_values(output, "stop_reasons", (reason,), repr(reason))
 
 
 def check_placeholder_logprobs(output: BatchOutput) -> list[str]:
     """A placeholder's logprobs are ``[0.0]`` when the batch has logprobs."""
-    logprobs, expected = column(output, "rollout_logprobs"), PLACEHOLDER.logprobs()
+    expected = PLACEHOLDER.logprobs()
+    return _placeholder_values(output, "rollout_logprobs", (expected,), str(expected))
+
+
+def _placeholder_values(output: BatchOutput, name: str, allowed: tuple[Any, ...], expected: str) -> list[str]:
+    """A problem for each placeholder whose ``name`` entry is none of ``allowed`` (shown: ``expected``)."""
+    rows = column(output, name)
     return [
-        f"sample {index}: rollout_logprobs of a placeholder is {show(logprobs[index])}, expected {expected}"
+        f"sample {index}: {name} of a placeholder is {show(rows[index])}, expected {expected}"
         for index in placeholder_rows(output)
-        if index < len(logprobs) and not equals(logprobs[index], expected)
+        if index < len(rows) and not any(equals(rows[index], value) for value in allowed)
     ]
 
 
