@@ -149,6 +149,9 @@ class BatchRunner:
         # The env workers, shared by this runner's batches: made at the first batch, ended by close()
         # or, for a runner dropped without it, when it is collected.
         self._workers: WorkerPool[Any] | None = None
+        # Each rollout in flight holds one of the pool's workers: a slot of this bound, shared by the
+        # runner's concurrent batches (on one event loop), is taken before its env is built.
+        self._worker_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._closed = False
 
     async def __aenter__(self) -> BatchRunner:
@@ -180,6 +183,17 @@ class BatchRunner:
                 if self.config.env_workers_prestart:
                     await _on_a_thread_of_its_own(functools.partial(workers.prestart, in_flight))
         return self._workers
+
+    def _slots(self, pool_size: int | None) -> asyncio.Semaphore | None:
+        """The bound on rollouts holding a worker across this runner's batches on the running event loop
+        (None: envs on threads, or no bound). Without it, concurrent batches would take more workers than
+        the pool holds, and their env threads, blocked waiting for each other's workers, could deadlock."""
+        if self.config.env_backend == "thread" or pool_size is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._worker_slots is None or self._worker_slots[0] is not loop:
+            self._worker_slots = (loop, asyncio.Semaphore(pool_size))
+        return self._worker_slots[1]
 
     def _env_pool(self, in_flight: int) -> EnvPool:
         """A batch's env pool: ``env_threads`` threads, or by default (None) up to one per rollout in
@@ -240,7 +254,7 @@ class BatchRunner:
         start_line = StartLine(
             {job.index: job.task.prompt for job in jobs[:limit]}, self.config.start_wait_s, codec
         )
-        batch = _Batch(self, codec, pool, start_line, workers)
+        batch = _Batch(self, codec, pool, start_line, workers, self._slots(pool_size))
         unwatch = batch.open_envs.watch(asyncio.get_running_loop())
         try:
             started = start_line.encode_ahead if self._encode_ahead else None
@@ -413,9 +427,11 @@ class _Batch:
         pool: EnvPool,
         start_line: StartLine,
         workers: WorkerPool[Any] | None,
+        worker_slots: asyncio.Semaphore | None,
     ) -> None:
         self.engine = runner.engine
         self.workers = workers
+        self.worker_slots = worker_slots
         self.env_factory = runner.env_factory
         self.config = runner.config
         self.codec = codec
@@ -486,9 +502,14 @@ class _Batch:
 
     async def _attempt(self, context: RolloutContext) -> AnyTrajectory:
         """One attempt at a rollout, from a fresh env, recorded in ``attempts``; one that fails before
-        the start line holds the rollouts waiting there no more."""
+        the start line holds the rollouts waiting there no more. With env workers, it holds one of the
+        runner's worker slots meanwhile (its env is closed, or left to its thread, when it returns)."""
         try:
-            trajectory = await run_agent_loop(context)
+            if self.worker_slots is None:
+                trajectory = await run_agent_loop(context)
+            else:
+                async with self.worker_slots:
+                    trajectory = await run_agent_loop(context)
         except Exception as exc:
             self.attempt_log.append(_attempt_record(context.progress, exc))
             raise

@@ -53,6 +53,16 @@ class PooledWorker(Protocol):
         """Whether env ``generation`` is open on this worker."""
         ...
 
+    def gone(self) -> bool:
+        """Whether the worker is known to be dead without asking it (a worker process that exited while
+        idle); a Ray actor, which only a call can find dead, says False."""
+        ...
+
+    def host_lost(self) -> bool:
+        """Whether what the worker ran on is gone (its Ray node died): a death its env's factory did
+        not cause. A worker process says False."""
+        ...
+
     def request(
         self, command: str, payload: Any, *, operation: str, timeout: float | None, generation: int
     ) -> Any: ...
@@ -170,11 +180,13 @@ class WorkerPool(Generic[W]):
 
     def take(self, abort: StartAbort | None = None) -> W:
         """An idle worker, or a new one if fewer than ``size`` are alive; else waits for one to come back.
+        An idle worker found dead is dropped, and counts no more.
 
         Raises:
             EnvClosedError: ``abort`` was aborted meanwhile, or the pool is closed.
         """
         waker = _Waker(self._changed)
+        dead: list[W] = []
         if abort is not None:
             abort.watch(waker)
         try:
@@ -183,7 +195,13 @@ class WorkerPool(Generic[W]):
                     if waker.aborted or self._closed:
                         raise EnvClosedError(operation="start")
                     if self._idle:
-                        return self._idle.pop()
+                        worker = self._idle.pop()
+                        if not worker.gone():
+                            return worker
+                        dead.append(worker)  # died while idle (killed from outside): replaced
+                        self._alive -= 1
+                        self.stats.retired += 1
+                        continue
                     if self.size is None or self._alive < self.size:
                         self._alive += 1
                         self._count_started()
@@ -192,6 +210,8 @@ class WorkerPool(Generic[W]):
         finally:
             if abort is not None:
                 abort.forget()
+            for worker in dead:
+                worker.kill()  # reaps it
         try:
             return self._start()
         except BaseException:
@@ -308,23 +328,29 @@ def lease(
     timeout: float | None,
 ) -> tuple[Lease[W], T]:
     """Takes a worker from ``pool`` and opens an env on it with ``open_env(worker, seconds left of
-    timeout)`` (its generation and what it returned). A reused worker that turns out to have died while
-    idle (a Ray node lost) is replaced once, within the same ``timeout``: a second death is the factory's
-    (it crashed its worker), not to be run again. A failed open retires the worker."""
+    timeout)`` (its generation and what it returned), all within the one ``timeout``. A reused worker that
+    dies at the open is replaced: every time if its host is gone (a Ray node lost, which may take several
+    idle actors with it), else once, since a second such death is taken as the factory's (it crashed its
+    worker), not to be run again. A worker new for this open that dies fails it. A failed open retires the
+    worker."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    replaced = False
+    replaced = False  # a reused worker died at the open while its host was up
+    tried = False
     while True:
         worker = pool.take(abort)
         reused = worker.envs_served > 0
         # The first open gets the whole timeout (its error names it); a replacement, what is left of it.
-        left = timeout if not replaced or deadline is None else max(deadline - time.monotonic(), 0.0)
+        left = timeout if not tried or deadline is None else max(deadline - time.monotonic(), 0.0)
+        tried = True
         try:
             generation, opened = open_env(worker, left)
         except EnvWorkerDiedError:
             pool.give_back(worker)
-            if reused and not replaced and (left is None or left > 0):
-                replaced = True
-                continue
+            if reused and (left is None or left > 0):
+                host_lost = worker.host_lost()
+                if host_lost or not replaced:
+                    replaced = replaced or not host_lost
+                    continue
             raise
         except BaseException:
             pool.give_back(worker)

@@ -206,6 +206,16 @@ class _Worker:
     def serving(self, generation: int) -> bool:
         return self.envs.serving(self._state is _State.RUNNING, generation)
 
+    def gone(self) -> bool:
+        """Whether the process ended (its sentinel is readable; nothing is read from it)."""
+        if self._state is not _State.RUNNING:
+            return True
+        readable, _, _ = select.select([self._sentinel], [], [], 0)
+        return bool(readable)
+
+    def host_lost(self) -> bool:
+        return False  # a worker process runs here
+
     def open(
         self, request: bytes, *, timeout: float | None, abort: StartAbort | None, close_timeout: float
     ) -> tuple[int, dict[str, Any]]:

@@ -269,6 +269,20 @@ class _Actor:
     def serving(self, generation: int) -> bool:
         return self.envs.serving(self.running, generation)
 
+    def gone(self) -> bool:
+        return not self.running  # only a call finds an actor dead
+
+    def host_lost(self) -> bool:
+        """Whether the GCS lists the actor's node as dead (False if it cannot be asked)."""
+        if self.node_id is None:
+            return False
+        with contextlib.suppress(Exception):
+            return any(
+                node.get("NodeID") == self.node_id and not node.get("Alive", True)
+                for node in self._ray.nodes()
+            )
+        return False
+
     def open(
         self, env_fn: EnvFn, *, timeout: float | None, abort: StartAbort | None, close_timeout: float
     ) -> tuple[int, dict[str, Any]]:

@@ -1,14 +1,19 @@
 """The pool's bookkeeping of a worker's envs and leases: a failed open retires the worker, a prestarted
-worker serves its first env with or without reuse, and a reused worker's death is replaced once, within
-the start deadline, so a factory that crashes its worker is not run again and again."""
+worker serves its first env with or without reuse, an idle worker found dead is dropped, and a reused
+worker's death at an open is replaced within the start deadline: as often as its host is found lost (a
+Ray node), else once, so a factory that crashes its worker is not run again and again."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
+import signal
 from typing import Any
 
+import psutil
 import pytest
+from leaks import eventually
 from pool_envs import leaving_env, leaving_tasks
 
 from gym_resilience import BatchRunner, RunnerConfig
@@ -58,11 +63,13 @@ def test_a_worker_that_served_no_env_yet_may_take_one_with_or_without_reuse(reus
 
 
 class FakeWorker:
-    """A worker whose every open raises EnvWorkerDiedError, as one whose factory crashes it does."""
+    """A worker whose every open raises EnvWorkerDiedError, as one whose factory crashes it does (or, with
+    ``host_lost``, as an actor on a lost node does)."""
 
-    def __init__(self, served: int) -> None:
+    def __init__(self, served: int, *, host_lost: bool = False) -> None:
         self.envs_served = served
         self.killed = False
+        self.lost_with_host = host_lost
 
     lost = None
     reusable = False
@@ -80,6 +87,12 @@ class FakeWorker:
     def kill(self) -> None:
         self.killed = True
 
+    def gone(self) -> bool:
+        return False
+
+    def host_lost(self) -> bool:
+        return self.lost_with_host
+
 
 def test_a_reused_workers_death_is_replaced_once_so_a_crashing_factory_runs_at_most_twice() -> None:
     started = iter([FakeWorker(served=1), FakeWorker(served=1), FakeWorker(served=1)])
@@ -95,6 +108,24 @@ def test_a_reused_workers_death_is_replaced_once_so_a_crashing_factory_runs_at_m
     assert len(opens) == 2
     assert opens[0] is not None and opens[1] is not None
     assert opens[1] <= opens[0] <= 10.0  # the second open gets what is left of the one deadline
+
+
+def test_reused_workers_lost_with_their_host_are_replaced_until_an_open_succeeds() -> None:
+    # A node lost with several idle actors on it: each is found dead at its open, none by its factory.
+    lost = [FakeWorker(served=1, host_lost=True) for _ in range(3)]
+    started = iter([*lost, FakeWorker(served=0)])
+    pool: WorkerPool[Any] = WorkerPool(lambda: next(started), size=4)
+    opens: list[FakeWorker] = []
+
+    def open_env(worker: FakeWorker, timeout: float | None) -> tuple[int, str]:
+        opens.append(worker)
+        if worker.lost_with_host:
+            raise EnvWorkerDiedError(operation="start")
+        return 1, "opened"
+
+    leased, opened = lease(pool, open_env, None, 10.0)
+    assert opened == "opened" and leased.worker is opens[-1]
+    assert opens[:3] == lost and all(worker.killed for worker in lost)
 
 
 def test_a_fresh_workers_death_is_not_retried() -> None:
@@ -129,3 +160,20 @@ def test_prestarted_workers_serve_their_envs_without_reuse() -> None:
     started, retired = asyncio.run(main())
     assert started == 2  # the two prestarted workers served the two envs; none was started again
     assert retired == 2  # each ended after its one env
+
+
+async def test_idle_workers_killed_from_outside_are_dropped_and_the_next_rollout_gets_a_live_one() -> None:
+    config = RunnerConfig(env_backend="process", max_concurrency=2, env_workers=2)
+    async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+        result = await runner.generate(leaving_tasks("", ""))
+        pids = {int(trajectory.env_metrics["pid"]) for trajectory in result.trajectories}  # type: ignore[union-attr]
+        assert len(pids) == 2
+        for pid in pids:  # both idle workers die (the OOM killer, say) before the next batch
+            os.kill(pid, signal.SIGKILL)
+        assert await eventually(lambda: not any(psutil.pid_exists(pid) for pid in pids))
+        result = await runner.generate(leaving_tasks(""))
+        assert not result.failures, result.failures
+        [after] = result.trajectories
+        assert int(after.env_metrics["pid"]) not in pids  # type: ignore[union-attr]
+        workers = runner.env_workers
+        assert workers is not None and workers.stats.retired == 2 and workers.stats.alive == 1

@@ -442,6 +442,40 @@ async def test_a_worker_node_removed_mid_batch_costs_no_rollout_and_leaves_no_ac
     assert_no_env_actor_alive(ray_cluster)
 
 
+async def test_idle_actors_lost_with_their_node_are_replaced_without_failing_the_next_rollout(
+    ray_cluster: LocalCluster,
+) -> None:
+    victim = ray_cluster.worker_node_ids()[0]
+    config = RunnerConfig(
+        skip_failed_rollouts=True,
+        max_turns=2,
+        max_concurrency=8,
+        env_workers_prestart=True,
+        env_backend="ray",
+        env_actor_options={"scheduling_strategy": "SPREAD"},
+    )
+    runner = BatchRunner(ScriptedEngine(), lambda task: ScriptableEnv(), config)
+    try:
+        assert not (await runner.generate(plain_tasks(8))).failures
+        workers = runner.env_workers
+        assert workers is not None
+        # The order the actors came back in may put the node's on top of the idle ones: force it.
+        workers._idle.sort(key=lambda actor: actor.node_id == victim)
+        assert sum(actor.node_id == victim for actor in workers._idle) >= 2
+        remover = threading.Thread(target=ray_cluster.remove_node, args=(victim,))
+        remover.start()
+        await asyncio.to_thread(remover.join)
+        result = await runner.generate(plain_tasks(1))  # no retry: the rollout has one attempt
+        assert not result.failures, result.failures
+        [attempt] = result.attempts
+        assert attempt.node_id != victim
+    finally:
+        await runner.close()
+        if victim not in ray_cluster.worker_node_ids():
+            ray_cluster.add_node()  # the next tests get three nodes again
+    assert_no_env_actor_alive(ray_cluster)
+
+
 # --- the cluster stays on loopback -----------------------------------------------------------------------
 
 
