@@ -112,7 +112,9 @@ class _EnvHost:
 
     def __init__(self, reuse: bool = False) -> None:
         self._env: gymnasium.Env[Any, Any] | None = None
-        self._baseline = WorkerBaseline() if reuse else None
+        # Open files are not compared: Ray's own runtime in the actor's process opens connections (to other
+        # workers, the object store) as it goes, which would retire nearly every actor after its first env.
+        self._baseline = WorkerBaseline(open_files=False) if reuse else None
 
     def node_id(self) -> str:
         import ray
