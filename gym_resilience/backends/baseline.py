@@ -3,10 +3,12 @@
 A worker process or a Ray actor that serves many rollouts builds a new env from the factory for each one,
 and after that env's close compares the process with how it was before its first env
 (:class:`WorkerBaseline`): processes the env started that are still alive, environment variables, the
-working directory, threads still running. Any difference retires the worker (it is killed and replaced,
-never reused). Module globals, class attributes and caches are not compared and not reset: an env that
-changes them is seen by the next env of the same worker (``RunnerConfig(env_worker_reuse=False)`` gives
-each env a worker of its own).
+working directory, threads still running, signal handlers and blocked signals, interval timers (an alarm
+would kill the next env's worker), resource limits and open file descriptors. Any difference retires the
+worker (it is killed and replaced, never reused). Memory is not compared and not reset (module globals,
+class attributes, caches), nor what C code changes out of Python's sight (``os.putenv``, a C handler,
+the umask): the next env of the same worker sees it (``RunnerConfig(env_worker_reuse=False)`` gives each
+env a worker of its own).
 """
 
 from __future__ import annotations
