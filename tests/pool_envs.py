@@ -2,18 +2,23 @@
 tests (an importable module: a worker process or a Ray actor imports these by reference).
 
 ``LeavingEnv`` steps once and reports, as numbers in ``info`` (so in ``env_metrics``): its worker's pid,
-whether ``LEFT_BY_AN_ENV`` is in the environment, and ``MODULE_STATE["steps"]``, the steps that envs of the
-same process made before it. Its task's ``env_kwargs["leave"]`` says what it leaves behind at its step:
-an environment variable, a process, a process in a session of its own (``sleep`` with the task's
-``env_kwargs["marker"]`` as its argument, to find it by), a thread, a failing close, a hang, or a process
-in a session of its own and then a hang.
+whether ``LEFT_BY_AN_ENV`` is in the environment, ``MODULE_STATE["steps"]``, the steps that envs of the
+same process made before it, and the process state an env can leave to the next (SIGTERM ignored, signals
+blocked, an alarm set, the open-files limit, the open file descriptors). Its task's ``env_kwargs["leave"]``
+says what it leaves behind at its step: an environment variable, a process, a process in a session of its
+own (``sleep`` with the task's ``env_kwargs["marker"]`` as its argument, to find it by), a daemon (the same
+``sleep``, double-forked into a session of its own), a thread, one of those process states, a failing
+close, a hang, or a process in a session of its own and then a hang. An env that finds an alarm set waits
+until it fires, as a longer rollout would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -29,6 +34,7 @@ from gym_resilience.testing import ScriptableEnv
 ENV_VARIABLE = "LEFT_BY_AN_ENV"
 MODULE_STATE = {"steps": 0}
 """A module global that envs change: a reused worker keeps it from one env to the next."""
+_LEFT_OPEN: list[socket.socket] = []
 
 
 class LeavingEnv(ScriptableEnv):
@@ -38,14 +44,38 @@ class LeavingEnv(ScriptableEnv):
         self.marker = marker
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        alarm_s = signal.getitimer(signal.ITIMER_REAL)[0]
         info = {
             "pid": float(os.getpid()),
             "saw_variable": float(ENV_VARIABLE in os.environ),
             "module_steps": float(MODULE_STATE["steps"]),
+            "sigterm_ignored": float(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN),
+            "signals_blocked": float(len(signal.pthread_sigmask(signal.SIG_BLOCK, []))),
+            "alarm_s": alarm_s,
+            "open_files_limit": float(resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
+            "open_fds": float(len(os.listdir("/proc/self/fd"))),
         }
+        if alarm_s:
+            time.sleep(alarm_s + 1.0)
         MODULE_STATE["steps"] += 1
         if self.leave == "variable":
             os.environ[ENV_VARIABLE] = "1"
+        elif self.leave == "signal handler":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif self.leave == "blocked signal":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        elif self.leave == "alarm":
+            signal.alarm(5)  # SIGALRM's default action ends the process
+        elif self.leave == "resource limit":
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft // 2, hard))
+        elif self.leave == "listening socket":
+            server = socket.socket()
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            _LEFT_OPEN.append(server)
+        elif self.leave == "daemon":  # sh starts sleep in the background and exits: init would adopt it
+            subprocess.run(["sh", "-c", f"sleep {self.marker} &"], start_new_session=True, check=True)
         elif self.leave == "process":
             subprocess.Popen(["sleep", "600"])
         elif self.leave.startswith("session"):  # a sandbox server started apart, as many envs start one

@@ -69,13 +69,12 @@ def serve(conn: Connection[Any, Any], lifeline: Connection[Any, Any], grace_s: f
     threading.Thread(
         target=_exit_when_orphaned, args=(lifeline, grace_s), name="lifeline", daemon=True
     ).start()
-    baseline: WorkerBaseline | None = None
-    if reuse:
-        # The orphans of what an env started stay below the worker (reaped as each env is judged): they
-        # count as its leftovers, and end with it even in a session of their own. A worker of one env
-        # adopts none (nothing would reap them meanwhile); it ends what is still below it as it exits.
-        become_subreaper()
-        baseline = WorkerBaseline()
+    # The orphans of what an env started (a daemon's double fork) stay below the worker, so they end with
+    # it even in a session of their own: a reused worker counts them as its env's leftovers (reaping those
+    # that exited as it judges each env), a worker of one env ends them as it exits (those that exited
+    # meanwhile stay zombies until then, and init reaps them after).
+    become_subreaper()
+    baseline = WorkerBaseline() if reuse else None
     env: gymnasium.Env[Any, Any] | None = None
     try:
         while True:

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import gymnasium
 
-from gym_resilience.backends.baseline import WorkerBaseline
+from gym_resilience.backends.baseline import WorkerBaseline, become_subreaper
 from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
 from gym_resilience.backends.protocol import (
@@ -112,7 +112,12 @@ class _EnvHost:
 
     def __init__(self, reuse: bool = False) -> None:
         self._env: gymnasium.Env[Any, Any] | None = None
-        self._baseline = WorkerBaseline() if reuse else None
+        # A daemon its env double-forks stays below the actor, so that Ray's end of the actor's process
+        # (it kills that process's children) ends it too; a reused actor counts it as a leftover.
+        become_subreaper()
+        # Open files are not compared: Ray's own runtime in the actor's process opens connections (to other
+        # workers, the object store) as it goes, which would retire nearly every actor after its first env.
+        self._baseline = WorkerBaseline(open_files=False) if reuse else None
 
     def node_id(self) -> str:
         import ray

@@ -25,6 +25,8 @@ import numpy as np
 import psutil
 import pytest
 from doubles import Fault, SandboxError, env_fn, resilient_env_of, tasks, tool_exited_2
+from leaks import wait_until
+from pool_envs import LeavingEnv, session_sleeps, sleeping
 
 from gym_resilience.backends.choice import make_env
 from gym_resilience.backends.process import IsolatedEnv
@@ -178,6 +180,18 @@ def test_the_subprocesses_of_a_killed_worker_are_killed_with_it() -> None:
     with pytest.raises(EnvTimeoutError):
         env.step("hang")
     assert wait_until_ended([tool], timeout_s=5) == []
+
+
+def test_a_daemon_an_isolated_env_started_ends_with_its_worker_at_close() -> None:
+    """Double-forked into a session of its own, its parent gone: neither the worker's group nor its
+    children, but the worker adopted it."""
+    with session_sleeps(1) as marker:
+        env = ResilientEnv.isolated(functools.partial(LeavingEnv, "daemon", marker))
+        env.reset()
+        env.step("start a daemon")
+        assert wait_until(lambda: sleeping(marker)), "the daemon did not start"
+        env.close()
+        assert wait_until(lambda: not sleeping(marker)), f"left running: {sleeping(marker)}"
 
 
 def test_a_reset_that_hangs_is_killed_at_its_deadline_and_the_env_counts_as_closed() -> None:

@@ -364,18 +364,48 @@ async def test_a_failed_batch_leaves_no_env_actor_alive(ray_cluster: LocalCluste
     assert_no_env_actor_alive(ray_cluster)
 
 
+@pytest.mark.parametrize("leave", ["session", "daemon"])
 @pytest.mark.parametrize("reuse", [True, False], ids=["retired", "one env per actor"])
 async def test_a_process_an_env_started_in_a_session_of_its_own_ends_with_its_actor(
-    ray_cluster: LocalCluster, reuse: bool
+    ray_cluster: LocalCluster, reuse: bool, leave: str
 ) -> None:
     """Ray ends what its killed worker processes started (sessions of their own included): an actor
-    retired for what its env left, or after its one env, leaves nothing running."""
+    retired for what its env left, or after its one env, leaves nothing running; a daemon (double-forked
+    into a session of its own) too, which the actor adopted."""
     config = RunnerConfig(env_backend="ray", max_concurrency=1, env_workers=1, env_worker_reuse=reuse)
-    with session_sleeps(10 + reuse) as marker:
+    with session_sleeps(10 * len(leave) + reuse) as marker:
         async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
-            result = await runner.generate(leaving_tasks("session", "", marker=marker))
+            result = await runner.generate(leaving_tasks(leave, "", marker=marker))
             assert not result.failures, result.failures
             assert await eventually(lambda: not sleeping(marker)), f"left running: {sleeping(marker)}"
+    assert_no_env_actor_alive(ray_cluster)
+
+
+async def test_one_actor_serves_clean_envs_one_after_another_though_ray_opens_files_in_it(
+    ray_cluster: LocalCluster,
+) -> None:
+    """Ray's runtime opens connections in an actor's process as it goes: open files are not what an
+    actor's env is judged by, or nearly every actor would be retired after its first env."""
+    config = RunnerConfig(env_backend="ray", max_concurrency=1, env_workers=1)
+    async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+        result = await runner.generate(leaving_tasks(*[""] * 8))
+        assert not result.failures, result.failures
+        assert len({trajectory.env_metrics["pid"] for trajectory in result.trajectories}) == 1  # type: ignore[union-attr]
+        assert runner.env_workers is not None and runner.env_workers.stats.retired == 0
+    assert_no_env_actor_alive(ray_cluster)
+
+
+@pytest.mark.parametrize(("leave", "seen"), [("alarm", "alarm_s"), ("resource limit", "open_files_limit")])
+async def test_an_actor_whose_env_left_process_state_behind_is_replaced_and_the_next_env_sees_none_of_it(
+    ray_cluster: LocalCluster, leave: str, seen: str
+) -> None:
+    config = RunnerConfig(env_backend="ray", max_concurrency=1, env_workers=1)
+    async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+        result = await runner.generate(leaving_tasks(leave, "", ""))
+        assert not result.failures, result.failures
+        first, second, third = [trajectory.env_metrics for trajectory in result.trajectories]  # type: ignore[union-attr]
+        assert first["pid"] != second["pid"] == third["pid"]
+        assert second[seen] == first[seen]  # the first reported before it left anything
     assert_no_env_actor_alive(ray_cluster)
 
 

@@ -93,21 +93,55 @@ async def test_a_worker_whose_env_left_something_behind_or_failed_to_close_is_re
 
 
 @pytest.mark.parametrize(
+    ("leave", "seen", "reason"),
+    [
+        ("signal handler", "sigterm_ignored", "its env changed the handler of SIGTERM"),
+        ("blocked signal", "signals_blocked", "its env changed which signals are blocked: SIGUSR1"),
+        ("alarm", "alarm_s", "its env left a timer set (signal.alarm or setitimer): ITIMER_REAL"),
+        ("resource limit", "open_files_limit", "its env changed resource limits: RLIMIT_NOFILE"),
+        ("listening socket", "open_fds", "its env left file descriptor(s) open: "),
+    ],
+)
+async def test_a_worker_whose_env_left_process_state_behind_is_replaced_and_the_next_env_sees_none_of_it(
+    leave: str, seen: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pending alarm would end the next rollout's worker (the next env waits for it to fire); the others
+    would change how the next env's process behaves."""
+    caplog.set_level(logging.WARNING, logger="gym_resilience.backends.pool")
+    async with BatchRunner(ScriptedEngine(), leaving_env, one_at_a_time()) as runner:
+        first, second, third = await metrics_of(runner, leave, "", "")
+        assert first["pid"] != second["pid"] == third["pid"]
+        assert second[seen] == first[seen]  # the first reported before it left anything
+    retirements = [r.getMessage() for r in caplog.records if r.name == "gym_resilience.backends.pool"]
+    assert len(retirements) == 1 and reason in retirements[0], retirements
+    assert worker_processes() == set()
+
+
+@pytest.mark.parametrize(
     ("leave", "options"),
     [
         ("session", {}),  # retired for what its env left, and killed with that
         ("session", {"env_worker_reuse": False}),  # a worker per env ends what its env left as it exits
+        ("daemon", {}),  # double-forked: the worker adopted it
+        ("daemon", {"env_worker_reuse": False}),
         ("session then hang", {"env_step_timeout_s": 1.0}),  # killed at its env's step deadline
     ],
-    ids=["retired", "one env per worker", "killed at a deadline"],
+    ids=[
+        "retired",
+        "one env per worker",
+        "daemon retired",
+        "daemon one env per worker",
+        "killed at a deadline",
+    ],
 )
 async def test_a_process_an_env_started_in_a_session_of_its_own_ends_with_its_worker(
     leave: str, options: dict[str, Any]
 ) -> None:
     """A sandbox server started with ``start_new_session=True`` is out of the worker's process group,
-    which the worker's kill ends: it still ends with the worker."""
+    which the worker's kill ends: it still ends with the worker, and so does a daemon (double-forked into
+    a session of its own, its parent gone), which the worker adopted."""
     config = one_at_a_time(skip_failed_rollouts=True, **options)
-    with session_sleeps(len(leave) + len(options)) as marker:
+    with session_sleeps(len(leave) * 10 + len(options)) as marker:
         async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
             result = await runner.generate(leaving_tasks(leave, "", marker=marker))
             assert not result.trajectories[1].is_placeholder
