@@ -28,6 +28,9 @@ __all__ = ["EnvTurns", "Lease", "PoolStats", "PooledWorker", "WorkerPool", "leas
 
 logger = logging.getLogger(__name__)
 
+POOL_CLOSED = "the env workers were closed (their runner was closed) before this env could start"
+"""Why an env that asks a closed pool for a worker does not start (``EnvClosedError.why``)."""
+
 
 class PooledWorker(Protocol):
     """A worker process or actor that serves envs one after another (one ``generation`` each)."""
@@ -172,7 +175,8 @@ class WorkerPool(Generic[W]):
         """An idle worker, or a new one if fewer than ``size`` are alive; else waits for one to come back.
 
         Raises:
-            EnvClosedError: ``abort`` was aborted meanwhile, or the pool is closed.
+            EnvClosedError: ``abort`` was aborted meanwhile, or the pool is closed (its message says
+                which).
         """
         waker = _Waker(self._changed)
         if abort is not None:
@@ -180,7 +184,9 @@ class WorkerPool(Generic[W]):
         try:
             with self._changed:
                 while True:
-                    if waker.aborted or self._closed:
+                    if self._closed:
+                        raise EnvClosedError(operation="start", why=POOL_CLOSED)
+                    if waker.aborted:
                         raise EnvClosedError(operation="start")
                     if self._idle:
                         return self._idle.pop()
