@@ -276,14 +276,17 @@ class EnvCloseError(EnvError):
 
 
 class EnvClosedError(EnvError):
-    """Raised when an env is used after it was closed: a caller bug, not an env failure.
+    """Raised when an env is used after it was closed, or cannot start because what it would run on was
+    closed (a runner's env workers): the caller's doing, not an env failure.
 
-    Create a new env instead; ``operation`` names the call that was refused.
+    Create a new env (or runner) instead; ``operation`` names the call that was refused, ``why`` what was
+    closed.
     """
 
-    def __init__(self, *, operation: str, env_id: str | None = None) -> None:
+    def __init__(self, *, operation: str, env_id: str | None = None, why: str = "the env is closed") -> None:
         self.operation = operation
-        super().__init__(f"cannot {operation}: the env is closed", env_id=env_id)
+        self.why = why
+        super().__init__(f"cannot {operation}: {why}", env_id=env_id)
 
 
 class EnvTimeoutError(EnvError, TimeoutError):

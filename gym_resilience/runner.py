@@ -163,8 +163,10 @@ class BatchRunner:
 
     async def close(self) -> None:
         """Ends the runner's env workers (processes, Ray actors): idle ones now, any still serving a
-        batch's env once that env closes. Later batches are refused. Idempotent; without envs on
-        workers there is nothing to end."""
+        batch's env once that env closes. Later batches are refused. Rollouts of a batch still running
+        that have not started yet fail with ``EnvClosedError`` saying that the env workers were closed
+        with their runner (placeholders with ``skip_failed_rollouts``); those in flight finish.
+        Idempotent; without envs on workers there is nothing to end."""
         self._closed = True
         workers = self._workers
         if workers is not None:

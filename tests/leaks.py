@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 import psutil
 from doubles import SETTLE_S, EnvCounts
+from pool_envs import workers_of
 
 from gym_resilience import BatchRunner
 from gym_resilience.rollout.pool import idle_threads
@@ -52,13 +53,7 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = SETTLE_S)
 
 def worker_processes() -> set[int]:
     """Isolated env workers alive now: grandchildren through the fork server, zombies not counted."""
-    me = os.getpid()
-    found = set()
-    for child in psutil.Process(me).children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if child.ppid() != me and child.status() != psutil.STATUS_ZOMBIE:
-                found.add(child.pid)
-    return found
+    return workers_of(os.getpid())
 
 
 def alive_workers(runner: BatchRunner) -> int:

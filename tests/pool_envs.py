@@ -8,8 +8,11 @@ blocked, an alarm set, the open-files limit, the open file descriptors). Its tas
 says what it leaves behind at its step: an environment variable, a process, a process in a session of its
 own (``sleep`` with the task's ``env_kwargs["marker"]`` as its argument, to find it by), a daemon (the same
 ``sleep``, double-forked into a session of its own), a thread, one of those process states, a failing
-close, a hang, or a process in a session of its own and then a hang. An env that finds an alarm set waits
-until it fires, as a longer rollout would.
+close, a hang, a process in a session of its own and then a hang, or a wait until the file ``marker``
+names exists. An env that finds an alarm set waits until it fires, as a longer rollout would.
+
+``LedgerEnv`` is a ``LeavingEnv`` that writes to a ledger file, one line each, every build (its own id,
+its worker's pid, its task's instance id and the env workers alive then) and every call of its close.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -86,6 +91,9 @@ class LeavingEnv(ScriptableEnv):
             threading.Thread(target=time.sleep, args=(600,), name="left-behind", daemon=True).start()
         elif self.leave == "hang":
             time.sleep(600)
+        elif self.leave == "wait":  # until the test lets it go on
+            while not os.path.exists(self.marker):
+                time.sleep(0.01)
         return "done", 1.0, True, False, info
 
     def close(self) -> None:
@@ -98,14 +106,66 @@ def leaving_env(task: Task) -> LeavingEnv:
     return LeavingEnv(str(task.env_kwargs.get("leave", "")), str(task.env_kwargs.get("marker", "600")))
 
 
-def leaving_tasks(*leaves: str, marker: str = "600") -> list[Task]:
+class LedgerEnv(LeavingEnv):
+    def __init__(self, ledger: str, instance_id: str, runner_pid: int, leave: str, marker: str) -> None:
+        super().__init__(leave, marker)
+        self.ledger = ledger
+        self.env_id = uuid.uuid4().hex  # not id(self): a later env of the same worker may get its address
+        workers = len(workers_of(runner_pid))
+        self.write(f"built {self.env_id} {os.getpid()} {instance_id} {workers}")
+
+    def write(self, line: str) -> None:
+        with open(self.ledger, "a") as ledger:  # one short append: whole lines, whichever process writes
+            ledger.write(line + "\n")
+
+    def close(self) -> None:
+        self.write(f"closed {self.env_id}")
+        super().close()
+
+
+def ledger_env(task: Task) -> LedgerEnv:
+    kwargs = task.env_kwargs
+    return LedgerEnv(
+        str(kwargs["ledger"]),
+        task.instance_id,
+        int(kwargs["runner_pid"]),
+        str(kwargs["leave"]),
+        str(kwargs["marker"]),
+    )
+
+
+def ledger_tasks(ledger: Path, *leaves: str, marker: str = "600") -> list[Task]:
+    """:func:`leaving_tasks` whose :class:`LedgerEnv` write to ``ledger``, counting the workers of this
+    process."""
+    return leaving_tasks(*leaves, marker=marker, ledger=str(ledger), runner_pid=os.getpid())
+
+
+def read_ledger(ledger: Path) -> tuple[list[list[str]], list[str]]:
+    """The builds in ``ledger`` (env id, pid, instance id, workers alive), and the env ids of its closes."""
+    lines = [line.split() for line in ledger.read_text().splitlines()] if ledger.exists() else []
+    builds = [line[1:] for line in lines if line[0] == "built"]
+    return builds, [line[1] for line in lines if line[0] == "closed"]
+
+
+def workers_of(runner_pid: int) -> set[int]:
+    """The env worker processes of process ``runner_pid`` alive now: its grandchildren through the fork
+    server, zombies not counted."""
+    found = set()
+    for child in psutil.Process(runner_pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.ppid() != runner_pid and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+    return found
+
+
+def leaving_tasks(*leaves: str, marker: str = "600", **env_kwargs: Any) -> list[Task]:
     """One task per entry: what its env leaves behind ("" for nothing); ``marker``, the argument of the
-    ``sleep`` it leaves in a session of its own."""
+    ``sleep`` it leaves in a session of its own (or the file it waits for); ``env_kwargs``, more."""
     return [
         Task(
             prompt=[{"role": "user", "content": f"t{i}"}],
             instance_id=f"t{i}",
-            env_kwargs={"leave": leave, "marker": marker},
+            env_kwargs={"leave": leave, "marker": marker, **env_kwargs},
         )
         for i, leave in enumerate(leaves)
     ]

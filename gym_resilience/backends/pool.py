@@ -28,6 +28,9 @@ __all__ = ["EnvTurns", "Lease", "PoolStats", "PooledWorker", "WorkerPool", "leas
 
 logger = logging.getLogger(__name__)
 
+POOL_CLOSED = "the env workers were closed (their runner was closed) before this env could start"
+"""Why an env that asks a closed pool for a worker does not start (``EnvClosedError.why``)."""
+
 
 class PooledWorker(Protocol):
     """A worker process or actor that serves envs one after another (one ``generation`` each)."""
@@ -183,7 +186,8 @@ class WorkerPool(Generic[W]):
         An idle worker found dead is dropped, and counts no more.
 
         Raises:
-            EnvClosedError: ``abort`` was aborted meanwhile, or the pool is closed.
+            EnvClosedError: ``abort`` was aborted meanwhile, or the pool is closed (its message says
+                which).
         """
         waker = _Waker(self._changed)
         dead: list[W] = []
@@ -192,7 +196,9 @@ class WorkerPool(Generic[W]):
         try:
             with self._changed:
                 while True:
-                    if waker.aborted or self._closed:
+                    if self._closed:
+                        raise EnvClosedError(operation="start", why=POOL_CLOSED)
+                    if waker.aborted:
                         raise EnvClosedError(operation="start")
                     if self._idle:
                         worker = self._idle.pop()

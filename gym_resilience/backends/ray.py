@@ -86,6 +86,19 @@ def check_actor_options(actor_options: Mapping[str, Any]) -> None:
     _actor_options(actor_options, None)
 
 
+def _ray_module() -> Any:
+    """The ``ray`` module, connected or not.
+
+    Raises:
+        DependencyNotInstalledError: ray is not installed.
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise DependencyNotInstalledError(package="ray", extra=RAY_EXTRA) from exc
+    return ray
+
+
 def import_ray() -> Any:
     """The ``ray`` module, connected to a cluster.
 
@@ -93,10 +106,7 @@ def import_ray() -> Any:
         DependencyNotInstalledError: ray is not installed.
         UnsupportedConfigError: this process is not connected to a Ray cluster (``ray.init`` not called).
     """
-    try:
-        import ray
-    except ImportError as exc:
-        raise DependencyNotInstalledError(package="ray", extra=RAY_EXTRA) from exc
+    ray = _ray_module()
     if not ray.is_initialized():
         raise UnsupportedConfigError(
             "Ray envs run on the Ray cluster this process is connected to, and it is connected to none: "
@@ -139,8 +149,28 @@ class _EnvHost:
 
 @functools.cache
 def _host_class() -> Any:
-    ray = import_ray()
-    return ray.remote(_EnvHost)
+    """The env actor's class in Ray (no cluster needed until an actor is created)."""
+    return _ray_module().remote(_EnvHost)
+
+
+def _refused_by_ray(error: Exception) -> UnsupportedConfigError:
+    """``error``, what Ray raised for the env actors' options, as the configuration error it is."""
+    return UnsupportedConfigError(f"Ray refused them: {error}", option="env_actor_options")
+
+
+def _checked_by_ray(options: dict[str, Any]) -> dict[str, Any]:
+    """``options``, once Ray's own check of an actor's options (``ActorClass.options``: the keywords, their
+    types and values, the ``runtime_env``) found nothing wrong; it needs no cluster. Ray checks a
+    ``scheduling_strategy`` given as a string only when it creates an actor (see :meth:`_Actor.create`).
+
+    Raises:
+        UnsupportedConfigError: Ray refused them; its reason is in the message.
+    """
+    try:
+        _host_class().options(**options)
+    except (ValueError, TypeError) as exc:
+        raise _refused_by_ray(exc) from exc
+    return options
 
 
 def _actor_options(actor_options: Mapping[str, Any] | None, name: str | None) -> dict[str, Any]:
@@ -255,7 +285,14 @@ class _Actor:
     def create(cls, options: Mapping[str, Any], *, reuse: bool) -> _Actor:
         """A new env actor with ``options``, asked for its node first (no handle is left in this frame)."""
         ray = import_ray()
-        handle = _host_class().options(**options).remote(reuse)
+        try:
+            handle = _host_class().options(**options).remote(reuse)
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, ray.exceptions.RayError):  # a name taken already: Ray's error says so
+                raise
+            # Refused before any actor was created: what Ray checks only here (a scheduling_strategy
+            # string it does not know) is the options' fault, like what _checked_by_ray catches.
+            raise _refused_by_ray(exc) from exc
         return cls(ray, handle, handle.node_id.remote(), reuse=reuse)
 
     @property
@@ -454,12 +491,15 @@ RayWorkers = WorkerPool[_Actor]
 
 def ray_workers(actor_options: Mapping[str, Any] | None, *, size: int | None, reuse: bool) -> RayWorkers:
     """A pool of at most ``size`` env actors (None: no bound) with ``actor_options``, reused from env to
-    env if ``reuse``. Nothing starts before an env needs an actor.
+    env if ``reuse``. Nothing starts before an env needs an actor; the options are checked here, by
+    Ray too (no cluster needed), so that options Ray refuses fail the runner's batch before any rollout.
 
     Raises:
-        UnsupportedConfigError: ``actor_options`` asks for restarts, a name or a detached actor.
+        DependencyNotInstalledError: ray is not installed.
+        UnsupportedConfigError: ``actor_options`` asks for restarts, a name or a detached actor, or Ray
+            refuses them (an unknown option, a negative resource, a value of the wrong type).
     """
-    options = _actor_options(actor_options, None)
+    options = _checked_by_ray(_actor_options(actor_options, None))
     return WorkerPool(functools.partial(_Actor.create, options, reuse=reuse), size=size, reuse=reuse)
 
 
@@ -496,7 +536,7 @@ class RayEnv(RemoteEnv):
     Raises:
         DependencyNotInstalledError: ray is not installed.
         UnsupportedConfigError: this process is not connected to a Ray cluster, a timeout is not a number
-            > 0, or ``actor_options`` asks for restarts.
+            > 0, or ``actor_options`` asks for restarts or Ray refuses them (its reason in the message).
         EnvTimeoutError: the env did not start within ``start_timeout`` (the actor was killed).
         EnvWorkerDiedError: the actor, or its node, died while starting.
         EnvClosedError: ``abort`` was aborted before the env started (the actor was killed).
@@ -529,7 +569,7 @@ class RayEnv(RemoteEnv):
             )
         pool = workers
         if pool is None:
-            options = _actor_options(actor_options, name)
+            options = _checked_by_ray(_actor_options(actor_options, name))
             import_ray()
             pool = WorkerPool(functools.partial(_Actor.create, options, reuse=False), size=None, reuse=False)
         self.step_timeout = step_timeout

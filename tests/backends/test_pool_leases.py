@@ -9,12 +9,13 @@ import asyncio
 import os
 import pickle
 import signal
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from leaks import eventually
-from pool_envs import leaving_env, leaving_tasks
+from pool_envs import leaving_env, leaving_tasks, ledger_env, ledger_tasks, read_ledger
 
 from gym_resilience import BatchRunner, RunnerConfig
 from gym_resilience.backends.pool import EnvTurns, WorkerPool, lease
@@ -141,7 +142,7 @@ def test_a_fresh_workers_death_is_not_retried() -> None:
     assert opens == [None]
 
 
-def test_prestarted_workers_serve_their_envs_without_reuse() -> None:
+def test_prestarted_workers_serve_their_envs_without_reuse(tmp_path: Path) -> None:
     config = RunnerConfig(
         env_backend="process",
         max_concurrency=2,
@@ -151,15 +152,18 @@ def test_prestarted_workers_serve_their_envs_without_reuse() -> None:
     )
 
     async def main() -> tuple[int, int]:
-        async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
-            result = await runner.generate(leaving_tasks("", ""))
+        async with BatchRunner(ScriptedEngine(), ledger_env, config) as runner:
+            # One rollout: only the prestart starts the second worker.
+            result = await runner.generate(ledger_tasks(tmp_path / "ledger", ""))
             assert not result.failures, result.failures
             stats = runner.env_workers.stats  # type: ignore[union-attr]
             return stats.started, stats.retired
 
     started, retired = asyncio.run(main())
-    assert started == 2  # the two prestarted workers served the two envs; none was started again
-    assert retired == 2  # each ended after its one env
+    [(_, _, _, workers_then)] = read_ledger(tmp_path / "ledger")[0]
+    assert workers_then == "2"  # both worker processes were running when the env was built
+    assert started == 2  # a prestarted worker served the env: none was started for it
+    assert retired == 1  # the one that served it, after its env; the other waits for the next env
 
 
 async def test_idle_workers_killed_from_outside_are_dropped_and_the_next_rollout_gets_a_live_one() -> None:

@@ -11,15 +11,25 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from leaks import alive_workers, eventually, wait_until, worker_processes
-from pool_envs import leaving_env, leaving_tasks, session_sleeps, sleeping
+from pool_envs import (
+    leaving_env,
+    leaving_tasks,
+    ledger_env,
+    ledger_tasks,
+    read_ledger,
+    session_sleeps,
+    sleeping,
+)
 
 from gym_resilience import BatchRunner, RunnerConfig, UnsupportedConfigError
+from gym_resilience.backends.pool import POOL_CLOSED
 from gym_resilience.backends.process import IsolatedEnv, process_workers
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.errors import EnvClosedError
@@ -167,18 +177,62 @@ async def test_a_worker_past_its_step_deadline_is_killed_and_the_pool_never_exce
     assert worker_processes() == set()
 
 
-async def test_workers_are_shared_across_batches_prestarted_and_ended_by_close() -> None:
+async def test_workers_are_shared_across_batches_prestarted_and_ended_by_close(tmp_path: Path) -> None:
     config = one_at_a_time(env_workers=2, max_concurrency=2, env_workers_prestart=True)
-    runner = BatchRunner(ScriptedEngine(), leaving_env, config)
-    first = {metrics["pid"] for metrics in await metrics_of(runner, "", "", "", "")}
-    assert runner.env_workers is not None and runner.env_workers.stats.started == 2  # both before any rollout
-    second = {metrics["pid"] for metrics in await metrics_of(runner, "", "", "", "")}
-    assert first == second and len(first) == 2
+    runner = BatchRunner(ScriptedEngine(), ledger_env, config)
+    # One rollout: only the prestart starts a second worker, and it was running when the env was built.
+    result = await runner.generate(ledger_tasks(tmp_path / "ledger", ""))
+    assert not result.failures, result.failures
+    [(_, first, _, workers_then)] = read_ledger(tmp_path / "ledger")[0]
+    assert workers_then == "2"
+    assert runner.env_workers is not None and runner.env_workers.stats.started == 2
+    result = await runner.generate(ledger_tasks(tmp_path / "ledger", "", "", "", ""))
+    second = {pid for _, pid, _, _ in read_ledger(tmp_path / "ledger")[0]}
+    assert first in second and len(second) == 2 and runner.env_workers.stats.started == 2
     await runner.close()
     await runner.close()  # idempotent
     assert worker_processes() == set()
     with pytest.raises(RuntimeError, match="this BatchRunner is closed"):
         await runner.generate(leaving_tasks(""))
+
+
+async def test_every_rollout_gets_an_env_of_its_own_on_reused_workers_closed_exactly_once(
+    tmp_path: Path,
+) -> None:
+    config = RunnerConfig(env_backend="process", max_concurrency=2, env_workers=2)
+    tasks = ledger_tasks(tmp_path / "ledger", *[""] * 8)
+    async with BatchRunner(ScriptedEngine(), ledger_env, config) as runner:
+        result = await runner.generate(tasks)
+        assert not result.failures, result.failures
+        assert runner.env_workers is not None and runner.env_workers.stats.started <= 2
+    builds, closes = read_ledger(tmp_path / "ledger")
+    built = [env_id for env_id, _, _, _ in builds]
+    assert sorted(instance for _, _, instance, _ in builds) == sorted(task.instance_id for task in tasks)
+    assert len(set(built)) == len(tasks)  # a new env for each rollout
+    assert Counter(closes) == Counter(built)  # each closed once, none twice
+    pids = {pid for _, pid, _, _ in builds}
+    assert len(pids) <= 2  # the workers served several envs each
+    served = {trajectory.env_metrics["pid"] for trajectory in result.trajectories}  # type: ignore[union-attr]
+    assert served == set(map(float, pids))
+    assert worker_processes() == set()
+
+
+async def test_rollouts_still_to_start_when_the_runner_closes_fail_saying_its_workers_were_closed(
+    tmp_path: Path,
+) -> None:
+    go_on = tmp_path / "go on"
+    config = one_at_a_time(skip_failed_rollouts=True, max_failed_fraction=0.9)
+    runner = BatchRunner(ScriptedEngine(), leaving_env, config)
+    batch = asyncio.ensure_future(runner.generate(leaving_tasks("wait", "", "", marker=str(go_on))))
+    assert await eventually(lambda: len(worker_processes()) == 1)  # the first rollout's env is waiting
+    await runner.close()
+    go_on.touch()
+    result = await batch
+    assert [trajectory.is_placeholder for trajectory in result.trajectories] == [False, True, True]
+    errors = [failure.exception for failure in result.failures]
+    closed = (EnvClosedError, f"cannot start: {POOL_CLOSED}")
+    assert [(type(error), str(error)) for error in errors] == [closed, closed]
+    assert await eventually(lambda: worker_processes() == set())
 
 
 async def test_a_runner_collected_without_close_ends_its_workers() -> None:
