@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import threading
 import time
@@ -343,7 +344,10 @@ class _Supervisor:
         self._start = start
         self._limit = limit
         self._results: list[Outcome | None] = [None] * len(jobs)
-        self._running: set[asyncio.Task[Outcome | _Fatal]] = set()
+        self._running: dict[asyncio.Task[Outcome | _Fatal], int] = {}  # each task's job index
+        # One callback and one context for every task: nothing more is made per rollout.
+        self._done = self._on_done
+        self._done_context = contextvars.copy_context()
         self._aborting: BaseException | None = None
         self._finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -391,13 +395,13 @@ class _Supervisor:
             if job is None:
                 break
             task = asyncio.create_task(self._start(job))
-            task.add_done_callback(functools.partial(self._on_done, job.index))
-            self._running.add(task)
+            self._running[task] = job.index  # first: its callback finds it there
+            task.add_done_callback(self._done, context=self._done_context)
         if not self._running and not self._finished.done():
             self._finished.set_result(None)
 
-    def _on_done(self, index: int, task: asyncio.Task[Outcome | _Fatal]) -> None:
-        self._running.discard(task)
+    def _on_done(self, task: asyncio.Task[Outcome | _Fatal]) -> None:
+        index = self._running.pop(task)
         if task.cancelled():
             self._abort(asyncio.CancelledError())
         elif (error := task.exception()) is not None:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gym_resilience.backends.choice import BackendEnv
 from gym_resilience.backends.protocol import StartAbort
@@ -100,15 +100,10 @@ class EnvCalls:
         self._closing: asyncio.Future[None] | None = None
         self._closing_apart = False  # the close runs on a thread of its own (it can kill a stuck worker)
         self._last_step_returned: threading.Event | None = None  # a remote env's, its close queued behind
+        self.env: BackendEnv | None = None  # the env, once its rollout has it
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
-        lock = self._lock
-
-        def locked() -> T:
-            with lock:
-                return fn(*args)
-
-        return locked
+        return _Locked(self._lock, fn, args)
 
     def submit(self, fn: Callable[..., T], *args: Any, kind: str = "call") -> asyncio.Future[T]:
         """Start the call in the pool, in the rollout's context; a plain future, so no task is made.
@@ -132,15 +127,7 @@ class EnvCalls:
 
     def _closer(self, env: ResilientEnv[Any, Any]) -> Callable[[], None]:
         """``env.close``, after which the env no longer counts as open."""
-        open_envs = self._open_envs
-
-        def close() -> None:
-            try:
-                env.close()
-            finally:
-                open_envs.discard(env)
-
-        return close
+        return _CloseAndForget(env, self._open_envs)
 
     def close(self, env: BackendEnv) -> asyncio.Future[None]:
         """Start closing ``env`` (once: a close already queued is returned). It runs after the call in
@@ -189,9 +176,47 @@ class EnvCalls:
         """Await a call started here, its time counted as the rollout's env time."""
         start = time.perf_counter()
         try:
-            return await call
+            result = await call
         finally:
             self._progress.env_s += time.perf_counter() - start
+        self.returned(call)
+        return result
+
+    def returned(self, call: asyncio.Future[Any]) -> None:
+        """The call of ``call`` returned and its outcome was taken: a close has nothing to queue behind,
+        and the future (with what it returned: an env's first observation, say) is not kept meanwhile."""
+        if self._last is call:
+            self._last = None
+
+
+class _Locked(Generic[T]):
+    """``fn(*args)`` under ``lock``. An object rather than a closure: a rollout keeps a few of these
+    alive while it waits for its generation, and one object is less for the garbage collector to scan
+    than a function with its cells."""
+
+    __slots__ = ("_args", "_fn", "_lock")
+
+    def __init__(self, lock: threading.Lock, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        self._lock, self._fn, self._args = lock, fn, args
+
+    def __call__(self) -> T:
+        with self._lock:
+            return self._fn(*self._args)
+
+
+class _CloseAndForget:
+    """``env.close()``, after which ``env`` no longer counts among the batch's open envs."""
+
+    __slots__ = ("_env", "_open_envs")
+
+    def __init__(self, env: ResilientEnv[Any, Any], open_envs: OpenEnvs) -> None:
+        self._env, self._open_envs = env, open_envs
+
+    def __call__(self) -> None:
+        try:
+            self._env.close()
+        finally:
+            self._open_envs.discard(self._env)
 
 
 class _Abandoned(Exception):
@@ -305,7 +330,9 @@ async def open_env(
             # Handed over before the rollout gave up on it.
             await close_after_failure(opening.result()[0], call, cancelled, late)
         raise
-    return opening.result()
+    opened_env = opening.result()
+    call.returned(opening)
+    return opened_env
 
 
 async def close_after_failure(

@@ -42,12 +42,11 @@ class _Transcript:
     """What a rollout accumulates turn by turn (logprobs only when the batch returns them)."""
 
     prompt_ids: list[int]
-    keep_logprobs: bool
+    logprobs: list[float] | None  # None: the batch returns no logprobs
+    steps: list[Trajectory] | None  # None: the batch is not step-wise
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (last token index, reward)
-    steps: list[Trajectory] = field(default_factory=list)
     stop_reason: str = "stop"
     info: Mapping[str, Any] = field(default_factory=dict)
     last_generated: int = 0  # the response's length up to its last generated token
@@ -56,19 +55,19 @@ class _Transcript:
         self.response_ids += generation.token_ids
         self.loss_mask += _generated_mask(generation)
         self.last_generated = len(self.response_ids)
-        if self.keep_logprobs:
+        if self.logprobs is not None:
             self.logprobs += generation.logprobs or [0.0] * len(generation.token_ids)
 
     def drop_trailing_env_tokens(self) -> None:
         """Cut the tokens after the last generated one (SkyRL drops an observation nothing answered)."""
         del self.response_ids[self.last_generated :], self.loss_mask[self.last_generated :]
-        if self.keep_logprobs:
+        if self.logprobs is not None:
             del self.logprobs[self.last_generated :]
 
     def add_env_tokens(self, token_ids: list[int]) -> None:
         self.response_ids += token_ids
         self.loss_mask += [0] * len(token_ids)
-        if self.keep_logprobs:
+        if self.logprobs is not None:
             self.logprobs += [0.0] * len(token_ids)
 
 
@@ -103,37 +102,18 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     enter_rollout(progress)
     call = EnvCalls(rollout.pool, progress, rollout.open_envs)
     progress.phase = "reset"
-    options = {"task": rollout.task, "rollout_index": rollout.index, "attempt": progress.attempt}
-    env: BackendEnv | None = None
-
-    def reset(env: ResilientEnv[Any, Any]) -> tuple[Any, dict[str, Any]]:
-        return env.reset(seed=rollout.seed, options=options)
-
-    async def episode() -> AnyTrajectory:
-        nonlocal env
-        env, opened = await open_env(call, rollout.make_env, reset, late)
-        progress.node_id = env.node_id
-        if opened is None:
-            messages, _ = await call(reset, env.env, kind="open")
-        else:
-            progress.env_s += opened.seconds
-            messages, _ = opened.result()
-        try:
-            opening = as_messages(messages)
-        except BaseException:
-            rollout.start_line.leave(rollout.index)  # failed before the line: the others go on now
-            raise
-        prompt_ids = await rollout.start_line.first_prompt(rollout.index, opening)
-        return await _turns(rollout, env, call, prompt_ids, opening)
-
+    episode = _episode(rollout, call)
     try:
-        result = await _within_rollout_deadline(rollout, episode())
+        # No deadline to keep: no timeout scope, nor the coroutine around it.
+        deadline = rollout.config.rollout_timeout_s is not None
+        result = await (_within_rollout_deadline(rollout, episode) if deadline else episode)
     except GeneratorExit:  # collected unfinished (asyncio lost its wake-up): the batch closed its env
         raise
     except BaseException as exc:
-        if env is not None:
-            await close_after_failure(env, call, exc, late)
+        if call.env is not None:
+            await close_after_failure(call.env, call, exc, late)
         raise
+    env = call.env
     assert env is not None  # the episode returned, so it opened its env
     progress.phase = "close"
     closing = call.close(env)
@@ -152,6 +132,51 @@ async def run_agent_loop(rollout: RolloutContext) -> AnyTrajectory:
     result.close_error = describe_exception(root_cause(error))
     log_close_failure(rollout.index, rollout.trajectory_id, error)
     return result
+
+
+async def _episode(rollout: RolloutContext, call: EnvCalls) -> AnyTrajectory:
+    """The rollout from its env's build to its last turn; the env, once built, is ``call.env``."""
+    opening = await _open(rollout, call)
+    prompt_ids = await rollout.start_line.first_prompt(rollout.index, opening)
+    assert call.env is not None  # opened
+    return await _turns(rollout, call.env, call, prompt_ids, opening)
+
+
+async def _open(rollout: RolloutContext, call: EnvCalls) -> list[ChatMessage]:
+    """Build and reset the rollout's env (``call.env``): its first observation as chat messages. What
+    the reset returned is dropped with this frame, rather than kept through the rollout's turns."""
+    progress = rollout.progress
+    reset = _Reset(rollout)
+    env, opened = await open_env(call, rollout.make_env, reset, rollout.late)
+    call.env = env
+    progress.node_id = env.node_id
+    if opened is None:
+        messages, _ = await call(reset, env.env, kind="open")
+    else:
+        progress.env_s += opened.seconds
+        messages, _ = opened.result()
+    try:
+        return as_messages(messages)
+    except BaseException:
+        rollout.start_line.leave(rollout.index)  # failed before the line: the others go on now
+        raise
+
+
+class _Reset:
+    """Resets a rollout's env with its seed and options (the task, the rollout's index, the attempt)."""
+
+    __slots__ = ("_options", "_seed")
+
+    def __init__(self, rollout: RolloutContext) -> None:
+        self._seed = rollout.seed
+        self._options = {
+            "task": rollout.task,
+            "rollout_index": rollout.index,
+            "attempt": rollout.progress.attempt,
+        }
+
+    def __call__(self, env: ResilientEnv[Any, Any]) -> tuple[Any, dict[str, Any]]:
+        return env.reset(seed=self._seed, options=self._options)
 
 
 async def _within_rollout_deadline(rollout: RolloutContext, episode: Coroutine[Any, Any, T]) -> T:
@@ -192,7 +217,11 @@ async def _turns(
     # SkyRL's step-wise layout: every step's prompt is the template applied to the decoded history.
     history: list[ChatMessage] | None = copy.deepcopy(opening) if skyrl and config.step_wise else None
     step_prompt = prompt_ids
-    record = _Transcript(prompt_ids=prompt_ids, keep_logprobs=config.logprobs)
+    record = _Transcript(
+        prompt_ids=prompt_ids,
+        logprobs=[] if config.logprobs else None,
+        steps=[] if config.step_wise else None,
+    )
     line, between = rollout.turn_line, False  # between: on the line since the last generation
     try:
         for turn in range(config.max_turns):
@@ -243,11 +272,12 @@ async def _turns(
             record.turn_rewards.append((len(record.response_ids) - 1, float(reward)))
             done = terminated or truncated
             if history is not None:
+                assert record.steps is not None  # step-wise
                 observed = as_messages(observation)
                 obs_ids = await codec.skyrl_observation(observed, done=done)
                 history += [_assistant(action, codec), *observed]
                 record.steps.append(_skyrl_step(rollout, input_ids, generation, obs_ids, float(reward), info))
-            elif config.step_wise:
+            elif record.steps is not None:  # step-wise
                 record.steps.append(
                     Trajectory(
                         prompt_ids=list(input_ids),
@@ -350,7 +380,7 @@ def _finish(record: _Transcript, rollout: RolloutContext) -> AnyTrajectory:
     config, progress, trajectory_id = rollout.config, rollout.progress, rollout.trajectory_id
     e2e_time = progress.elapsed()
     splits = {"llm": progress.llm_s, "env": progress.env_s}
-    if config.step_wise:
+    if record.steps is not None:  # step-wise
         for step in record.steps:
             step.e2e_time = e2e_time
             step.time_splits = splits
@@ -367,7 +397,7 @@ def _finish(record: _Transcript, rollout: RolloutContext) -> AnyTrajectory:
         reward=reward,
         loss_mask=record.loss_mask,
         stop_reason=record.stop_reason,
-        rollout_logprobs=record.logprobs if config.logprobs else None,
+        rollout_logprobs=record.logprobs,
         env_metrics=numeric_info(record.info),
         e2e_time=e2e_time,
         time_splits=splits,

@@ -16,8 +16,6 @@ a scripted one does): it has nothing to gain from prompts sent together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 __all__ = ["TurnLine"]
 
@@ -33,19 +31,18 @@ class TurnLine:
         self._between = 0  # rollouts after a generation, before their next request or their end
         self._held: list[asyncio.Future[None]] = []
         self._deadline: asyncio.TimerHandle | None = None
+        self._request = _InFlight(self)  # one for every request: nothing is made for each
 
-    @contextmanager
-    def request(self) -> Iterator[None]:
+    def request(self) -> _InFlight:
         """Count one engine request in flight while the block runs; the first lets every held rollout go."""
+        return self._request
+
+    def _request_sent(self) -> None:
         self._in_flight += 1
         if self._in_flight > 1:
             self._batching = True
         if self._held:
             self._release()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
 
     def generated(self) -> None:
         """A rollout has a generation back and will send another request or end (:meth:`next_turn`,
@@ -81,3 +78,18 @@ class TurnLine:
         for future in held:
             if not future.done():  # its rollout was cancelled meanwhile
                 future.set_result(None)
+
+
+class _InFlight:
+    """The block of :meth:`TurnLine.request` (it holds no state of its own: blocks may nest and overlap)."""
+
+    __slots__ = ("_line",)
+
+    def __init__(self, line: TurnLine) -> None:
+        self._line = line
+
+    def __enter__(self) -> None:
+        self._line._request_sent()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._line._in_flight -= 1
