@@ -151,8 +151,11 @@ class BatchRunner:
         # or, for a runner dropped without it, when it is collected.
         self._workers: WorkerPool[Any] | None = None
         # Each rollout in flight holds one of the pool's workers: a slot of this bound, shared by the
-        # runner's concurrent batches (on one event loop), is taken before its env is built.
-        self._worker_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # runner's concurrent batches, is taken before its env is built.
+        pool_size = self.config.env_pool_size
+        self._worker_slots = (
+            _WorkerSlots(pool_size) if self.config.env_backend != "thread" and pool_size is not None else None
+        )
         self._closed = False
 
     async def __aenter__(self) -> BatchRunner:
@@ -186,17 +189,6 @@ class BatchRunner:
                 if self.config.env_workers_prestart:
                     await _on_a_thread_of_its_own(functools.partial(workers.prestart, in_flight))
         return self._workers
-
-    def _slots(self, pool_size: int | None) -> asyncio.Semaphore | None:
-        """The bound on rollouts holding a worker across this runner's batches on the running event loop
-        (None: envs on threads, or no bound). Without it, concurrent batches would take more workers than
-        the pool holds, and their env threads, blocked waiting for each other's workers, could deadlock."""
-        if self.config.env_backend == "thread" or pool_size is None:
-            return None
-        loop = asyncio.get_running_loop()
-        if self._worker_slots is None or self._worker_slots[0] is not loop:
-            self._worker_slots = (loop, asyncio.Semaphore(pool_size))
-        return self._worker_slots[1]
 
     def _env_pool(self, in_flight: int) -> EnvPool:
         """A batch's env pool: ``env_threads`` threads, or by default (None) up to one per rollout in
@@ -257,9 +249,11 @@ class BatchRunner:
         start_line = StartLine(
             {job.index: job.task.prompt for job in jobs[:limit]}, self.config.start_wait_s, codec
         )
-        batch = _Batch(self, codec, pool, start_line, workers, self._slots(pool_size))
+        batch = _Batch(self, codec, pool, start_line, workers)
         unwatch = batch.open_envs.watch(asyncio.get_running_loop())
+        slots = self._worker_slots
         try:
+            batch.worker_slots = None if slots is None else slots.enter()
             started = start_line.encode_ahead if self._encode_ahead else None
             teardown_s = 2 * (self.config.close_timeout_s + KILL_GRACE_S) + 1.0
             outcomes = await _Supervisor(jobs, batch.rollout, limit, teardown_s).run(started)
@@ -272,6 +266,8 @@ class BatchRunner:
             batch.open_envs.close_all()
             raise
         finally:
+            if slots is not None and batch.worker_slots is not None:
+                slots.leave()
             unwatch()
             # A thread stuck in a hung env must not block the event loop: do not wait for it. Queued
             # closes still run, so a stuck env is closed once its call returns.
@@ -298,6 +294,44 @@ class BatchRunner:
         log_batch_summary(metrics)
         attempts = sorted(batch.attempt_log, key=lambda record: (record.rollout_index, record.attempt))
         return BatchResult(trajectories, output, metrics, failures, attempts)
+
+
+class _WorkerSlots:
+    """A runner's bound on rollouts holding a worker, ``size``: a semaphore its batches share. They share
+    it on one event loop at a time (a semaphore serves one loop); a batch started on another loop while
+    one runs is refused, as it would otherwise take workers past the bound."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()  # batches on loops of other threads may start or end meanwhile
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._batches = 0
+
+    def enter(self) -> asyncio.Semaphore:
+        """The bound for a batch starting on the running loop (:meth:`leave` once it ended).
+
+        Raises:
+            UnsupportedConfigError: a batch of the runner runs on another event loop (``option`` is
+                ``"event loop"``).
+        """
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._loop is not loop or self._semaphore is None:
+                if self._batches:
+                    raise UnsupportedConfigError(
+                        "a batch of this runner is running on another event loop: its env workers serve "
+                        "the batches of one loop at a time; run the batches on one loop (asyncio.gather) "
+                        "or give each loop a BatchRunner of its own",
+                        option="event loop",
+                    )
+                self._loop, self._semaphore = loop, asyncio.Semaphore(self._size)
+            self._batches += 1
+            return self._semaphore
+
+    def leave(self) -> None:
+        with self._lock:
+            self._batches -= 1
 
 
 async def _on_a_thread_of_its_own(call: Callable[[], object]) -> None:
@@ -433,11 +467,10 @@ class _Batch:
         pool: EnvPool,
         start_line: StartLine,
         workers: WorkerPool[Any] | None,
-        worker_slots: asyncio.Semaphore | None,
     ) -> None:
         self.engine = runner.engine
         self.workers = workers
-        self.worker_slots = worker_slots
+        self.worker_slots: asyncio.Semaphore | None = None  # the runner's, while the batch runs
         self.env_factory = runner.env_factory
         self.config = runner.config
         self.codec = codec

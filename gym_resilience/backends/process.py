@@ -210,8 +210,8 @@ class _Worker:
         """Whether the process ended (its sentinel is readable; nothing is read from it)."""
         if self._state is not _State.RUNNING:
             return True
-        readable, _, _ = select.select([self._sentinel], [], [], 0)
-        return bool(readable)
+        # poll(), not select(): a program may hold more than 1024 files open.
+        return bool(multiprocessing.connection.wait([self._sentinel], timeout=0))
 
     def host_lost(self) -> bool:
         return False  # a worker process runs here

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import resource
 import signal
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,27 @@ async def test_idle_workers_killed_from_outside_are_dropped_and_the_next_rollout
         assert int(after.env_metrics["pid"]) not in pids  # type: ignore[union-attr]
         workers = runner.env_workers
         assert workers is not None and workers.stats.retired == 2 and workers.stats.alive == 1
+
+
+async def test_idle_workers_are_checked_with_more_than_1024_files_open() -> None:
+    # A trainer holds many files (Ray, vLLM, sockets): select() refuses descriptors past 1024.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2048
+    assert hard == resource.RLIM_INFINITY or hard >= wanted, (
+        f"this test needs {wanted} open files, hard limit {hard}"
+    )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    held: list[int] = []
+    try:
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        config = RunnerConfig(env_backend="process", max_concurrency=2, env_workers=2)
+        async with BatchRunner(ScriptedEngine(), leaving_env, config) as runner:
+            for _ in range(3):  # the second and third take idle workers, checking each is alive
+                result = await asyncio.wait_for(runner.generate(leaving_tasks("", "")), 120)
+                assert not result.failures, result.failures
+            workers = runner.env_workers
+            assert workers is not None and workers.stats.started == 2
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
