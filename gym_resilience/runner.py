@@ -55,6 +55,7 @@ from gym_resilience.rollout import (
 )
 from gym_resilience.rollout.env_calls import KILL_GRACE_S
 from gym_resilience.rollout.pool import EAGER_THREADS, CallHistory
+from gym_resilience.rollout.worker_slots import WorkerSlots
 from gym_resilience.tasks import Task
 from gym_resilience.trajectories import (
     AnyTrajectory,
@@ -154,7 +155,7 @@ class BatchRunner:
         # runner's concurrent batches, is taken before its env is built.
         pool_size = self.config.env_pool_size
         self._worker_slots = (
-            _WorkerSlots(pool_size) if self.config.env_backend != "thread" and pool_size is not None else None
+            WorkerSlots(pool_size) if self.config.env_backend != "thread" and pool_size is not None else None
         )
         self._closed = False
 
@@ -294,44 +295,6 @@ class BatchRunner:
         log_batch_summary(metrics)
         attempts = sorted(batch.attempt_log, key=lambda record: (record.rollout_index, record.attempt))
         return BatchResult(trajectories, output, metrics, failures, attempts)
-
-
-class _WorkerSlots:
-    """A runner's bound on rollouts holding a worker, ``size``: a semaphore its batches share. They share
-    it on one event loop at a time (a semaphore serves one loop); a batch started on another loop while
-    one runs is refused, as it would otherwise take workers past the bound."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._lock = threading.Lock()  # batches on loops of other threads may start or end meanwhile
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._semaphore: asyncio.Semaphore | None = None
-        self._batches = 0
-
-    def enter(self) -> asyncio.Semaphore:
-        """The bound for a batch starting on the running loop (:meth:`leave` once it ended).
-
-        Raises:
-            UnsupportedConfigError: a batch of the runner runs on another event loop (``option`` is
-                ``"event loop"``).
-        """
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._loop is not loop or self._semaphore is None:
-                if self._batches:
-                    raise UnsupportedConfigError(
-                        "a batch of this runner is running on another event loop: its env workers serve "
-                        "the batches of one loop at a time; run the batches on one loop (asyncio.gather) "
-                        "or give each loop a BatchRunner of its own",
-                        option="event loop",
-                    )
-                self._loop, self._semaphore = loop, asyncio.Semaphore(self._size)
-            self._batches += 1
-            return self._semaphore
-
-    def leave(self) -> None:
-        with self._lock:
-            self._batches -= 1
 
 
 async def _on_a_thread_of_its_own(call: Callable[[], object]) -> None:

@@ -28,9 +28,6 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
-import gymnasium
-
-from gym_resilience.backends.baseline import WorkerBaseline, become_subreaper
 from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
 from gym_resilience.backends.protocol import (
@@ -39,10 +36,9 @@ from gym_resilience.backends.protocol import (
     EnvFn,
     RemoteEnv,
     StartAbort,
-    answer_ending,
-    open_env,
     unpack_reply,
 )
+from gym_resilience.backends.ray_host import RAY_EXTRA, host_class, ray_module
 from gym_resilience.errors import (
     DependencyNotInstalledError,
     EnvClosedError,
@@ -54,7 +50,6 @@ from gym_resilience.errors import (
 
 __all__ = ["DEFAULT_ACTOR_OPTIONS", "RAY_EXTRA", "RayEnv", "RayWorkers", "ray_workers"]
 
-RAY_EXTRA = "'gym-resilience[ray]'"
 """The extra that installs Ray."""
 
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0}
@@ -86,19 +81,6 @@ def check_actor_options(actor_options: Mapping[str, Any]) -> None:
     _actor_options(actor_options, None)
 
 
-def _ray_module() -> Any:
-    """The ``ray`` module, connected or not.
-
-    Raises:
-        DependencyNotInstalledError: ray is not installed.
-    """
-    try:
-        import ray
-    except ImportError as exc:
-        raise DependencyNotInstalledError(package="ray", extra=RAY_EXTRA) from exc
-    return ray
-
-
 def import_ray() -> Any:
     """The ``ray`` module, connected to a cluster.
 
@@ -106,7 +88,7 @@ def import_ray() -> Any:
         DependencyNotInstalledError: ray is not installed.
         UnsupportedConfigError: this process is not connected to a Ray cluster (``ray.init`` not called).
     """
-    ray = _ray_module()
+    ray = ray_module()
     if not ray.is_initialized():
         raise UnsupportedConfigError(
             "Ray envs run on the Ray cluster this process is connected to, and it is connected to none: "
@@ -114,43 +96,6 @@ def import_ray() -> Any:
             option="env_backend",
         )
     return ray
-
-
-class _EnvHost:
-    """The actor that holds one env after another; every method answers with a pickled reply and never
-    raises. After each env it checks what the env left behind (:class:`WorkerBaseline`)."""
-
-    def __init__(self, reuse: bool = False) -> None:
-        self._env: gymnasium.Env[Any, Any] | None = None
-        # A daemon its env double-forks stays below the actor, so that Ray's end of the actor's process
-        # (it kills that process's children) ends it too; a reused actor counts it as a leftover.
-        become_subreaper()
-        # Open files are not compared: Ray's own runtime in the actor's process opens connections (to other
-        # workers, the object store) as it goes, which would retire nearly every actor after its first env.
-        self._baseline = WorkerBaseline(open_files=False) if reuse else None
-
-    def node_id(self) -> str:
-        import ray
-
-        return str(ray.get_runtime_context().get_node_id())
-
-    def open(self, env_fn: EnvFn) -> bytes:
-        self._env, reply = open_env(env_fn, self._baseline)
-        return reply
-
-    def call(self, request: bytes) -> bytes:
-        if self._env is None:  # never: the parent only calls an env that started
-            raise RuntimeError("the env was not built")
-        reply, closed = answer_ending(self._env, request, self._baseline)
-        if closed:
-            self._env = None
-        return reply
-
-
-@functools.cache
-def _host_class() -> Any:
-    """The env actor's class in Ray (no cluster needed until an actor is created)."""
-    return _ray_module().remote(_EnvHost)
 
 
 def _refused_by_ray(error: Exception) -> UnsupportedConfigError:
@@ -167,7 +112,7 @@ def _checked_by_ray(options: dict[str, Any]) -> dict[str, Any]:
         UnsupportedConfigError: Ray refused them; its reason is in the message.
     """
     try:
-        _host_class().options(**options)
+        host_class().options(**options)
     except (ValueError, TypeError) as exc:
         raise _refused_by_ray(exc) from exc
     return options
@@ -286,7 +231,7 @@ class _Actor:
         """A new env actor with ``options``, asked for its node first (no handle is left in this frame)."""
         ray = import_ray()
         try:
-            handle = _host_class().options(**options).remote(reuse)
+            handle = host_class().options(**options).remote(reuse)
         except (ValueError, TypeError) as exc:
             if isinstance(exc, ray.exceptions.RayError):  # a name taken already: Ray's error says so
                 raise

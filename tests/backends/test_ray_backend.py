@@ -752,11 +752,12 @@ def fails() -> None:
 def test_an_actors_node_comes_from_the_gcs_when_the_actor_never_said_alive_or_dead(
     ray_cluster: LocalCluster,
 ) -> None:
-    from gym_resilience.backends.ray import _Actor, _host_class
+    from gym_resilience.backends.ray import _Actor
+    from gym_resilience.backends.ray_host import host_class
 
     node = ray_cluster.worker_node_ids()[0]
     handle = (
-        _host_class()
+        host_class()
         .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
         .remote()
     )
@@ -775,9 +776,10 @@ def test_an_actors_node_comes_from_the_gcs_when_the_actor_never_said_alive_or_de
 def test_an_actor_that_was_never_placed_has_no_node_and_the_lookup_is_bounded(
     ray_cluster: LocalCluster,
 ) -> None:
-    from gym_resilience.backends.ray import _Actor, _host_class
+    from gym_resilience.backends.ray import _Actor
+    from gym_resilience.backends.ray_host import host_class
 
-    handle = _host_class().options(num_cpus=0, resources={"no_such_resource": 1}).remote()
+    handle = host_class().options(num_cpus=0, resources={"no_such_resource": 1}).remote()
     actor = _Actor(ray, handle, handle.node_id.remote(), reuse=False)
     start = time.monotonic()
     actor._find_node(wait_s=1.0)
