@@ -482,7 +482,8 @@ async def test_idle_actors_lost_with_their_node_are_replaced_without_failing_the
         max_concurrency=8,
         env_workers_prestart=True,
         env_backend="ray",
-        env_actor_options={"scheduling_strategy": "SPREAD"},
+        # On the victim while it lives (several idle actors on one lost node), elsewhere once it is gone.
+        env_actor_options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=victim, soft=True)},
     )
     runner = BatchRunner(ScriptedEngine(), lambda task: ScriptableEnv(), config)
     try:
