@@ -44,9 +44,6 @@ class PooledWorker(Protocol):
         ...
 
     @property
-    def envs_served(self) -> int: ...
-
-    @property
     def retired_because(self) -> str | None:
         """Why its last env leaves it unfit to serve another (it left something behind, failed to start
         or close); None while it is fit, and when it died or was killed (its rollout's error says so)."""
@@ -181,9 +178,10 @@ class WorkerPool(Generic[W]):
     def closed(self) -> bool:
         return self._closed
 
-    def take(self, abort: StartAbort | None = None) -> W:
+    def take(self, abort: StartAbort | None = None) -> tuple[W, bool]:
         """An idle worker, or a new one if fewer than ``size`` are alive; else waits for one to come back.
-        An idle worker found dead is dropped, and counts no more.
+        Also says whether the worker waited idle (prestarted or reused), as it may have died meanwhile
+        unseen. An idle worker found dead is dropped, and counts no more.
 
         Raises:
             EnvClosedError: ``abort`` was aborted meanwhile, or the pool is closed (its message says
@@ -203,7 +201,7 @@ class WorkerPool(Generic[W]):
                     if self._idle:
                         worker = self._idle.pop()
                         if not worker.gone():
-                            return worker
+                            return worker, True
                         dead.append(worker)  # died while idle (killed from outside): replaced
                         self._alive -= 1
                         self.stats.retired += 1
@@ -219,7 +217,7 @@ class WorkerPool(Generic[W]):
             for worker in dead:
                 worker.kill()  # reaps it
         try:
-            return self._start()
+            return self._start(), False
         except BaseException:
             self._forget()
             raise
@@ -334,17 +332,16 @@ def lease(
     timeout: float | None,
 ) -> tuple[Lease[W], T]:
     """Takes a worker from ``pool`` and opens an env on it with ``open_env(worker, seconds left of
-    timeout)`` (its generation and what it returned), all within the one ``timeout``. A reused worker that
-    dies at the open is replaced: every time if its host is gone (a Ray node lost, which may take several
-    idle actors with it), else once, since a second such death is taken as the factory's (it crashed its
-    worker), not to be run again. A worker new for this open that dies fails it. A failed open retires the
-    worker."""
+    timeout)`` (its generation and what it returned), all within the one ``timeout``. A worker that waited
+    idle (prestarted or reused) and dies at the open is replaced: every time if its host is gone (a Ray
+    node lost, which may take several idle actors with it), else once, since a second such death is taken
+    as the factory's (it crashed its worker), not to be run again. A worker started for this open that
+    dies fails it. A failed open retires the worker."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    replaced = False  # a reused worker died at the open while its host was up
+    replaced = False  # an idle worker died at the open while its host was up
     tried = False
     while True:
-        worker = pool.take(abort)
-        reused = worker.envs_served > 0
+        worker, waited = pool.take(abort)
         # The first open gets the whole timeout (its error names it); a replacement, what is left of it.
         left = timeout if not tried or deadline is None else max(deadline - time.monotonic(), 0.0)
         tried = True
@@ -352,7 +349,7 @@ def lease(
             generation, opened = open_env(worker, left)
         except EnvWorkerDiedError:
             pool.give_back(worker)
-            if reused and (left is None or left > 0):
+            if waited and (left is None or left > 0):
                 host_lost = worker.host_lost()
                 if host_lost or not replaced:
                     replaced = replaced or not host_lost

@@ -191,10 +191,6 @@ class _Worker:
         return self._state is _State.RUNNING
 
     @property
-    def envs_served(self) -> int:
-        return self.envs.served
-
-    @property
     def retired_because(self) -> str | None:
         return self.envs.retired_because
 

@@ -241,10 +241,6 @@ class _Actor:
         return cls(ray, handle, handle.node_id.remote(), reuse=reuse)
 
     @property
-    def envs_served(self) -> int:
-        return self.envs.served
-
-    @property
     def retired_because(self) -> str | None:
         return self.envs.retired_because
 

@@ -1,7 +1,8 @@
 """The pool's bookkeeping of a worker's envs and leases: a failed open retires the worker, a prestarted
-worker serves its first env with or without reuse, an idle worker found dead is dropped, and a reused
-worker's death at an open is replaced within the start deadline: as often as its host is found lost (a
-Ray node), else once, so a factory that crashes its worker is not run again and again."""
+worker serves its first env with or without reuse, an idle worker found dead is dropped, and the death
+at an open of a worker that waited idle (prestarted or reused) is replaced within the start deadline: as
+often as its host is found lost (a Ray node), else once, so a factory that crashes its worker is not run
+again and again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import pickle
 import resource
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,17 +67,21 @@ def test_a_worker_that_served_no_env_yet_may_take_one_with_or_without_reuse(reus
 
 
 class FakeWorker:
-    """A worker whose every open raises EnvWorkerDiedError, as one whose factory crashes it does (or, with
-    ``host_lost``, as an actor on a lost node does)."""
+    """A worker whose open raises EnvWorkerDiedError when ``dies`` (as one whose factory crashes it does, or,
+    with ``host_lost``, as an actor on a lost node does), and opens an env otherwise."""
 
-    def __init__(self, served: int, *, host_lost: bool = False) -> None:
-        self.envs_served = served
+    def __init__(self, *, dies: bool = True, host_lost: bool = False) -> None:
+        self.dies = dies
+        self.died = False
         self.killed = False
         self.lost_with_host = host_lost
 
     lost = None
-    reusable = False
     retired_because = None
+
+    @property
+    def reusable(self) -> bool:
+        return not (self.died or self.killed)
 
     def serving(self, generation: int) -> bool:
         return False
@@ -96,51 +102,66 @@ class FakeWorker:
         return self.lost_with_host
 
 
-def test_a_reused_workers_death_is_replaced_once_so_a_crashing_factory_runs_at_most_twice() -> None:
-    started = iter([FakeWorker(served=1), FakeWorker(served=1), FakeWorker(served=1)])
-    pool: WorkerPool[Any] = WorkerPool(lambda: next(started), size=3)
-    opens: list[float | None] = []
-
-    def crash(worker: FakeWorker, timeout: float | None) -> tuple[int, None]:
-        opens.append(timeout)
-        raise EnvWorkerDiedError(operation="start")
-
-    with pytest.raises(EnvWorkerDiedError):
-        lease(pool, crash, None, 10.0)
-    assert len(opens) == 2
-    assert opens[0] is not None and opens[1] is not None
-    assert opens[1] <= opens[0] <= 10.0  # the second open gets what is left of the one deadline
-
-
-def test_reused_workers_lost_with_their_host_are_replaced_until_an_open_succeeds() -> None:
-    # A node lost with several idle actors on it: each is found dead at its open, none by its factory.
-    lost = [FakeWorker(served=1, host_lost=True) for _ in range(3)]
-    started = iter([*lost, FakeWorker(served=0)])
-    pool: WorkerPool[Any] = WorkerPool(lambda: next(started), size=4)
-    opens: list[FakeWorker] = []
+def open_or_die(opens: list[FakeWorker]) -> Callable[[FakeWorker, float | None], tuple[int, str]]:
+    """An open that records each worker it is given, and dies with the workers that die."""
 
     def open_env(worker: FakeWorker, timeout: float | None) -> tuple[int, str]:
         opens.append(worker)
-        if worker.lost_with_host:
+        if worker.dies:
+            worker.died = True
             raise EnvWorkerDiedError(operation="start")
         return 1, "opened"
 
-    leased, opened = lease(pool, open_env, None, 10.0)
-    assert opened == "opened" and leased.worker is opens[-1]
-    assert opens[:3] == lost and all(worker.killed for worker in lost)
+    return open_env
 
 
-def test_a_fresh_workers_death_is_not_retried() -> None:
-    pool: WorkerPool[Any] = WorkerPool(lambda: FakeWorker(served=0), size=3)
-    opens: list[float | None] = []
+def idle_pool(*workers: FakeWorker, size: int) -> WorkerPool[Any]:
+    """A pool of ``size`` whose ``workers`` wait idle (prestarted); the next workers it starts open envs."""
+    started = iter(workers)
+    pool: WorkerPool[Any] = WorkerPool(lambda: next(started, None) or FakeWorker(dies=False), size=size)
+    pool.prestart(len(workers))
+    return pool
 
-    def crash(worker: FakeWorker, timeout: float | None) -> tuple[int, None]:
-        opens.append(timeout)
-        raise EnvWorkerDiedError(operation="start")
+
+def test_an_idle_workers_death_is_replaced_once_so_a_crashing_factory_runs_at_most_twice() -> None:
+    pool = idle_pool(FakeWorker(), FakeWorker(), size=3)
+    timeouts: list[float | None] = []
+    opens: list[FakeWorker] = []
+    open_env = open_or_die(opens)
+
+    def crash(worker: FakeWorker, timeout: float | None) -> tuple[int, str]:
+        timeouts.append(timeout)
+        return open_env(worker, timeout)
 
     with pytest.raises(EnvWorkerDiedError):
-        lease(pool, crash, None, None)
-    assert opens == [None]
+        lease(pool, crash, None, 10.0)
+    assert len(timeouts) == 2
+    assert timeouts[0] is not None and timeouts[1] is not None
+    assert timeouts[1] <= timeouts[0] <= 10.0  # the second open gets what is left of the one deadline
+
+
+@pytest.mark.parametrize("prestarted", [True, False])
+def test_idle_workers_lost_with_their_host_are_replaced_until_an_open_succeeds(prestarted: bool) -> None:
+    # A node lost with several idle actors on it: each is found dead at its open, none by its factory. An
+    # actor prestarted on it never served an env, and is replaced as a reused one is.
+    lost = [FakeWorker(host_lost=True) for _ in range(3)]
+    pool = idle_pool(*lost, size=4)
+    if not prestarted:  # they served an env each, and came back
+        taken = [pool.take()[0] for _ in lost]
+        for worker in taken:
+            pool.give_back(worker)
+    opens: list[FakeWorker] = []
+    leased, opened = lease(pool, open_or_die(opens), None, 10.0)
+    assert opened == "opened" and leased.worker is opens[-1] and not leased.worker.dies
+    assert sorted(map(id, opens[:3])) == sorted(map(id, lost)) and all(worker.killed for worker in lost)
+
+
+def test_a_workers_death_at_its_first_open_is_not_retried() -> None:
+    pool: WorkerPool[Any] = WorkerPool(FakeWorker, size=3)
+    opens: list[FakeWorker] = []
+    with pytest.raises(EnvWorkerDiedError):
+        lease(pool, open_or_die(opens), None, None)
+    assert len(opens) == 1
 
 
 def test_prestarted_workers_serve_their_envs_without_reuse(tmp_path: Path) -> None:

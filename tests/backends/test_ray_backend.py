@@ -47,7 +47,7 @@ from gym_resilience import (
     without_timings,
 )
 from gym_resilience.backends.protocol import StartAbort
-from gym_resilience.backends.ray import RayEnv
+from gym_resilience.backends.ray import DEFAULT_ACTOR_OPTIONS, RayEnv, _Actor
 from gym_resilience.engines.scripted import ScriptedEngine
 from gym_resilience.errors import root_cause
 from gym_resilience.retry import is_transient
@@ -480,9 +480,10 @@ async def test_idle_actors_lost_with_their_node_are_replaced_without_failing_the
         skip_failed_rollouts=True,
         max_turns=2,
         max_concurrency=8,
+        env_workers=12,
         env_workers_prestart=True,
         env_backend="ray",
-        # On the victim while it lives (several idle actors on one lost node), elsewhere once it is gone.
+        # On the victim while it lives (Ray may place some elsewhere), elsewhere once it is gone.
         env_actor_options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=victim, soft=True)},
     )
     runner = BatchRunner(ScriptedEngine(), lambda task: ScriptableEnv(), config)
@@ -490,9 +491,24 @@ async def test_idle_actors_lost_with_their_node_are_replaced_without_failing_the
         assert not (await runner.generate(plain_tasks(8))).failures
         workers = runner.env_workers
         assert workers is not None
-        # The order the actors came back in may put the node's on top of the idle ones: force it.
-        workers._idle.sort(key=lambda actor: actor.node_id == victim)
-        assert sum(actor.node_id == victim for actor in workers._idle) >= 2
+        # Four more idle actors, surely on the victim, which serve no env before its loss (prestarted,
+        # they have not said where they are).
+        start = workers._start
+        pinned = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=victim, soft=False)}
+        workers._start = lambda: _Actor.create({**DEFAULT_ACTOR_OPTIONS, **pinned}, reuse=True)
+        try:
+            await asyncio.to_thread(workers.prestart, 12)
+        finally:
+            workers._start = start
+
+        def on_victim() -> set[str]:
+            records = ray_cluster.actors(HOST)
+            return {r.actor_id for r in records if r.node_id == victim and r.state == "ALIVE"}
+
+        await asyncio.to_thread(wait_until, lambda: len(on_victim()) >= 4, "the pinned actors alive")
+        # The node's actors on top of the idle ones, those that served no env on the very top.
+        workers._idle.sort(key=lambda worker: (worker.actor_id in on_victim(), worker.node_id is None))
+        assert all(worker.actor_id in on_victim() for worker in workers._idle[-4:])
         remover = threading.Thread(target=ray_cluster.remove_node, args=(victim,))
         remover.start()
         await asyncio.to_thread(remover.join)
