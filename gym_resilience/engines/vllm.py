@@ -37,6 +37,7 @@ from gym_resilience.engines.common import EngineState
 from gym_resilience.engines.vllm_args import make_rpc_dir
 from gym_resilience.engines.vllm_common import (
     LocalVLLMEngine,
+    batch_usage,
     engine_args,
     map_vllm_errors,
     sampling_params,
@@ -145,7 +146,7 @@ class VLLMEngine(LocalVLLMEngine):
         children_before = set(multiprocessing.active_children())
         try:
             with _rpc_base_path(self._rpc_dir), _core_threads(self.args.threads(on_cpu=on_cpu)):
-                self._engine = AsyncLLMEngine.from_engine_args(arguments)
+                self._engine = AsyncLLMEngine.from_engine_args(arguments, usage_context=batch_usage())
         except ValueError as exc:
             self._remove_rpc_dir()
             raise UnsupportedConfigError("vLLM rejected them", option="engine arguments") from exc

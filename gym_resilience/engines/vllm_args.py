@@ -55,7 +55,7 @@ class VLLMArgs:
         seed: the engine's sampling seed (requests with ``Sampling.seed`` use their own).
         kv_cache_memory_bytes: KV cache size. On CPU it defaults to 64 MiB; on GPU, ``None`` leaves
             vLLM's ``gpu_memory_utilization`` in charge.
-        max_num_seqs: the most requests vLLM batches at once (``None``: vLLM's default).
+        max_num_seqs: the most requests vLLM batches at once (``None``: vLLM's offline default, 256 on CPU).
         cpu_threads: torch intra-op threads the engine steps with on CPU; ``None`` chooses
             ``cpu_threads(model_dir)`` (1 for a small model).
         extra: any other ``vllm.EngineArgs`` field by name; these override the above (on the command

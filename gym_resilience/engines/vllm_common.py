@@ -48,6 +48,7 @@ from gym_resilience.errors import (
 
 __all__ = [
     "LocalVLLMEngine",
+    "batch_usage",
     "check_torch_extensions",
     "engine_args",
     "map_vllm_errors",
@@ -150,6 +151,16 @@ def engine_args(cls: Any, arguments: Mapping[str, Any]) -> Any:
         ) from exc
     except ValueError as exc:
         raise UnsupportedConfigError(f"vLLM's {cls.__name__} rejected them", option="engine_kwargs") from exc
+
+
+def batch_usage() -> Any:
+    """The usage context both local engines build vLLM's config in: that of its offline ``LLM``, whose
+    scheduler defaults are made for batch work such as a batch of rollouts (on CPU, 4,096 tokens and 256
+    requests a step, where a server's are 2,048 and 128, and split a turn's prefill over more steps).
+    ``VLLMArgs.max_num_seqs``, or ``max_num_batched_tokens`` among its ``extra`` arguments, overrides them."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return UsageContext.LLM_CLASS
 
 
 # --- Requests and outputs. ----------------------------------------------------------------------------

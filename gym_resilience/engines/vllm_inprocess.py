@@ -34,6 +34,7 @@ from gym_resilience.engines.base import Generation, Sampling
 from gym_resilience.engines.common import EngineState
 from gym_resilience.engines.vllm_common import (
     LocalVLLMEngine,
+    batch_usage,
     engine_args,
     map_vllm_errors,
     sampling_params,
@@ -391,7 +392,7 @@ class InProcessVLLMEngine(LocalVLLMEngine):
         parsed = engine_args(EngineArgs, arguments)
 
         def build() -> Any:
-            config = parsed.create_engine_config()
+            config = parsed.create_engine_config(usage_context=batch_usage())
             # multiprocess_mode=False whatever VLLM_ENABLE_V1_MULTIPROCESSING says: the point of this
             # engine is that its core runs here.
             return LLMEngine(

@@ -281,6 +281,23 @@ async def test_greedy_generation_matches_the_in_process_engine(
     assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
 
 
+@slow
+async def test_both_local_engines_schedule_a_step_as_vllms_offline_engine_does(
+    async_engine: VLLMEngine, vllm_engine: InProcessVLLMEngine
+) -> None:
+    # A batch of rollouts is batch work: the offline LLM's token and request budgets a step (on CPU
+    # twice a server's), so that a turn's prompts are prefilled in as few steps as LLM.generate takes.
+    from vllm import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, requests = EngineArgs.get_batch_defaults(world_size=1)
+    assert tokens[UsageContext.LLM_CLASS] > tokens[UsageContext.OPENAI_API_SERVER]
+    assert async_engine._engine is not None and vllm_engine._driver is not None
+    for config in (async_engine._engine.vllm_config, vllm_engine._driver.engine.vllm_config):
+        assert config.scheduler_config.max_num_batched_tokens == tokens[UsageContext.LLM_CLASS]
+        assert config.scheduler_config.max_num_seqs == requests[UsageContext.LLM_CLASS]
+
+
 # -- an engine of its own --------------------------------------------------------------------------
 
 
