@@ -25,8 +25,8 @@ import pickle
 import threading
 import time
 import weakref
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar
 
 from gym_resilience.backends.deadlines import check_seconds
 from gym_resilience.backends.pool import EnvTurns, Lease, WorkerPool, lease
@@ -141,7 +141,10 @@ def _actor_options(actor_options: Mapping[str, Any] | None, name: str | None) ->
 
 
 NODE_LOOKUP_S: Final = 5.0
-"""How long, at most, finding an actor's node waits: for the actor's own answer, then for the GCS."""
+"""How long, at most, finding an actor's node waits (for the actor's own answer, then for the GCS), and
+asking the GCS whether that node is lost."""
+
+T = TypeVar("T")
 
 _HANDLES_KEPT_IN_FORKS: list[Any] = []
 
@@ -177,6 +180,21 @@ def _is_node_id(value: Any) -> bool:
     return isinstance(value, str) and bool(value) and value.strip("f") != ""
 
 
+def _ask_gcs(question: Callable[[], T], timeout: float) -> T | None:
+    """What ``question`` (a call to the GCS) returns, or None if it raised or did not answer within
+    ``timeout`` seconds. In a thread of its own: the GCS client waits for its answer without a deadline."""
+    answers: list[T] = []
+
+    def ask() -> None:
+        with contextlib.suppress(Exception):  # a GCS that is gone or refuses: no answer
+            answers.append(question())
+
+    thread = threading.Thread(target=ask, name="gym-resilience-gcs-question", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answers[0] if answers else None
+
+
 def _node_from_gcs(ray: Any, actor_id: str, timeout: float) -> str | None:
     """The node (hex) the GCS placed actor ``actor_id`` on, dead or alive, from its actor table; None if
     it was never placed, or the GCS did not answer within ``timeout`` seconds.
@@ -185,20 +203,15 @@ def _node_from_gcs(ray: Any, actor_id: str, timeout: float) -> str | None:
     anything, and keeps it after the actor died: it knows where an actor went that died before it could
     say. Before that lease, the address has no port, and its node is only where the request waits.
     """
-    found: list[str] = []
 
-    def look_up() -> None:
-        with contextlib.suppress(Exception):  # a GCS that is gone or refuses: the node stays unknown
-            info = ray._private.state.actors(actor_id=actor_id)
-            address = info.get("Address") if isinstance(info, Mapping) else None
-            if isinstance(address, Mapping) and address.get("Port") and _is_node_id(address.get("NodeID")):
-                found.append(str(address["NodeID"]))
+    def look_up() -> str | None:
+        info = ray._private.state.actors(actor_id=actor_id)
+        address = info.get("Address") if isinstance(info, Mapping) else None
+        if isinstance(address, Mapping) and address.get("Port") and _is_node_id(address.get("NodeID")):
+            return str(address["NodeID"])
+        return None
 
-    # In a thread of its own: the GCS client waits for its answer without a deadline.
-    thread = threading.Thread(target=look_up, name="gym-resilience-actor-node", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return found[0] if found else None
+    return _ask_gcs(look_up, timeout)
 
 
 class _Actor:
@@ -256,15 +269,18 @@ class _Actor:
         return not self.running  # only a call finds an actor dead
 
     def host_lost(self) -> bool:
-        """Whether the GCS lists the actor's node as dead (False if it cannot be asked)."""
-        if self.node_id is None:
+        """Whether the GCS lists the actor's node as dead (False if it cannot tell within
+        ``NODE_LOOKUP_S``)."""
+        node_id = self.node_id
+        if node_id is None:
             return False
-        with contextlib.suppress(Exception):
+
+        def lost() -> bool:
             return any(
-                node.get("NodeID") == self.node_id and not node.get("Alive", True)
-                for node in self._ray.nodes()
+                node.get("NodeID") == node_id and not node.get("Alive", True) for node in self._ray.nodes()
             )
-        return False
+
+        return bool(_ask_gcs(lost, NODE_LOOKUP_S))
 
     def open(
         self, env_fn: EnvFn, *, timeout: float | None, abort: StartAbort | None, close_timeout: float

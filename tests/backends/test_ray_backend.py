@@ -539,3 +539,37 @@ def test_a_gcs_that_does_not_answer_leaves_the_node_unknown_within_the_bound() -
     for address in ({"NodeID": node, "Port": 0}, {"NodeID": "f" * 56, "Port": 1}, {"NodeID": "", "Port": 1}):
         assert _node_from_gcs(gcs(lambda actor_id, a=address: {"Address": a}), "a1", 5.0) is None
     assert _node_from_gcs(gcs(lambda actor_id: {}), "a1", 5.0) is None
+
+
+def test_whether_an_actors_node_is_lost_is_read_from_the_gcs_within_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from gym_resilience.backends import ray as ray_backend
+
+    node = "ab" * 28
+    monkeypatch.setattr(ray_backend, "NODE_LOOKUP_S", 0.5)
+
+    def actor(nodes: Callable[[], Any], node_id: str | None = node) -> Any:
+        handle = SimpleNamespace(_actor_id=bytes.fromhex("cd" * 16))
+        found = _Actor(SimpleNamespace(nodes=nodes), handle, None, reuse=True)
+        found.node_id = node_id
+        return found
+
+    def stuck() -> list[dict[str, Any]]:
+        time.sleep(30)
+        return [{"NodeID": node, "Alive": False}]
+
+    def refuses() -> list[dict[str, Any]]:
+        raise ConnectionError("the GCS is gone")
+
+    assert actor(lambda: [{"NodeID": node, "Alive": False}]).host_lost()
+    assert not actor(
+        lambda: [{"NodeID": node, "Alive": True}, {"NodeID": "ef" * 28, "Alive": False}]
+    ).host_lost()
+    assert not actor(lambda: [{"NodeID": node, "Alive": False}], node_id=None).host_lost()  # never placed
+    assert not actor(refuses).host_lost()
+    start = time.monotonic()
+    assert not actor(stuck).host_lost()
+    assert time.monotonic() - start < 5.0
