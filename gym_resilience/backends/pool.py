@@ -59,8 +59,8 @@ class PooledWorker(Protocol):
         ...
 
     def host_lost(self) -> bool:
-        """Whether what the worker ran on is gone (its Ray node died): a death its env's factory did
-        not cause. A worker process says False."""
+        """Whether the worker died of what it ran on (its Ray node died, or it never ran at all): a death
+        its env's factory did not cause. A worker process says False."""
         ...
 
     def request(

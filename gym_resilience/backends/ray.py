@@ -269,11 +269,12 @@ class _Actor:
         return not self.running  # only a call finds an actor dead
 
     def host_lost(self) -> bool:
-        """Whether the GCS lists the actor's node as dead (False if it cannot tell within
-        ``NODE_LOOKUP_S``)."""
+        """Whether the actor died of its host: the GCS lists its node as dead (False if it cannot tell
+        within ``NODE_LOOKUP_S``), or it never ran anywhere (no node found once it died: it was never
+        placed, its node lost while it waited), so nothing of an env ran in it."""
         node_id = self.node_id
         if node_id is None:
-            return False
+            return not self.running
 
         def lost() -> bool:
             return any(

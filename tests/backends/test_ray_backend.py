@@ -541,7 +541,7 @@ def test_a_gcs_that_does_not_answer_leaves_the_node_unknown_within_the_bound() -
     assert _node_from_gcs(gcs(lambda actor_id: {}), "a1", 5.0) is None
 
 
-def test_whether_an_actors_node_is_lost_is_read_from_the_gcs_within_the_bound(
+def test_whether_an_actor_died_of_its_host_is_read_from_the_gcs_within_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from types import SimpleNamespace
@@ -568,7 +568,11 @@ def test_whether_an_actors_node_is_lost_is_read_from_the_gcs_within_the_bound(
     assert not actor(
         lambda: [{"NodeID": node, "Alive": True}, {"NodeID": "ef" * 28, "Alive": False}]
     ).host_lost()
-    assert not actor(lambda: [{"NodeID": node, "Alive": False}], node_id=None).host_lost()  # never placed
+    # Dead with no node found: never placed anywhere (its node lost while it waited), it ran nothing.
+    never_placed = actor(lambda: [], node_id=None)
+    assert not never_placed.host_lost()  # alive: nothing to tell yet
+    never_placed.running = False
+    assert never_placed.host_lost()
     assert not actor(refuses).host_lost()
     start = time.monotonic()
     assert not actor(stuck).host_lost()

@@ -277,7 +277,10 @@ async def test_idle_actors_lost_with_their_node_are_replaced_without_failing_the
             records = ray_cluster.actors(HOST)
             return {r.actor_id for r in records if r.node_id == victim and r.state == "ALIVE"}
 
-        await asyncio.to_thread(wait_until, lambda: len(on_victim()) >= 4, "the pinned actors alive")
+        prestarted = {worker.actor_id for worker in workers._idle if worker.node_id is None}
+        assert len(prestarted) == 4
+        # Started, so that the loss takes running actors (one lost before it started is the unit tests').
+        await asyncio.to_thread(wait_until, lambda: prestarted <= on_victim(), "the pinned actors alive")
         # The node's actors on top of the idle ones, those that served no env on the very top.
         workers._idle.sort(key=lambda worker: (worker.actor_id in on_victim(), worker.node_id is None))
         assert all(worker.actor_id in on_victim() for worker in workers._idle[-4:])
