@@ -3,6 +3,8 @@ checks that a cluster's env actors are dead (Ray applies a kill asynchronously: 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,3 +35,17 @@ def assert_no_env_actor_alive(cluster: LocalCluster) -> None:
 def raise_value_error(env: ScriptableEnv, action: Any) -> Any:
     """A ScriptableEnv step that raises: module-level, since an actor unpickles it by reference."""
     raise ValueError(f"bad move {action!r}")
+
+
+async def remove_node(cluster: LocalCluster, node_id: str) -> None:
+    """Remove worker node ``node_id`` without blocking the event loop, from a thread made now, in this
+    thread's network namespace (a pool's older threads may not be in it)."""
+    remover = threading.Thread(target=cluster.remove_node, args=(node_id,))
+    remover.start()
+    await asyncio.to_thread(remover.join)
+
+
+def restore_nodes(cluster: LocalCluster, removed: str) -> None:
+    """Add a node back if ``removed`` is gone, so that the next tests get the cluster's nodes again."""
+    if removed not in cluster.worker_node_ids():
+        cluster.add_node()

@@ -50,8 +50,6 @@ from gym_resilience.errors import (
 
 __all__ = ["DEFAULT_ACTOR_OPTIONS", "RAY_EXTRA", "RayEnv", "RayWorkers", "ray_workers"]
 
-"""The extra that installs Ray."""
-
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 0}
 """What an env actor reserves unless ``actor_options`` says otherwise: no CPU (see the module's text)."""
 

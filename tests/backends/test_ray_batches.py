@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,16 @@ import pytest
 from leaks import eventually
 from pool_envs import leaving_env, leaving_tasks, session_sleeps, sleeping
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from ray_helpers import GIVE_UP_S, HOST, assert_dead, assert_no_env_actor_alive, raise_value_error, wait_until
+from ray_helpers import (
+    GIVE_UP_S,
+    HOST,
+    assert_dead,
+    assert_no_env_actor_alive,
+    raise_value_error,
+    remove_node,
+    restore_nodes,
+    wait_until,
+)
 
 from gym_resilience import (
     BatchRunner,
@@ -221,10 +229,7 @@ async def test_a_worker_node_removed_mid_batch_costs_no_rollout_and_leaves_no_ac
 
     try:
         await asyncio.to_thread(wait_until, lambda: on_victim() >= 3, "envs running on the victim node")
-        # A thread made now, in this thread's namespace (a pool's older threads may not be in it).
-        remover = threading.Thread(target=ray_cluster.remove_node, args=(victim,))
-        remover.start()
-        await asyncio.to_thread(remover.join)
+        await remove_node(ray_cluster, victim)
         result = await asyncio.wait_for(batch, timeout=GIVE_UP_S * 3)
         # The actors left serve the next batch; none of them is on the lost node.
         alive = {r.actor_id: r.node_id for r in ray_cluster.actors(HOST) if r.state == "ALIVE"}
@@ -233,8 +238,7 @@ async def test_a_worker_node_removed_mid_batch_costs_no_rollout_and_leaves_no_ac
         assert not again.failures
     finally:
         await runner.close()
-        if victim not in ray_cluster.worker_node_ids():
-            ray_cluster.add_node()  # the next tests get three nodes again
+        restore_nodes(ray_cluster, victim)
     assert len(result.trajectories) == len(tasks)
     validate_batch_output(result.output, len(tasks))
     assert result.metrics["retries/rollouts"] >= 1  # the removal did hit rollouts in flight
@@ -284,15 +288,12 @@ async def test_idle_actors_lost_with_their_node_are_replaced_without_failing_the
         # The node's actors on top of the idle ones, those that served no env on the very top.
         workers._idle.sort(key=lambda worker: (worker.actor_id in on_victim(), worker.node_id is None))
         assert all(worker.actor_id in on_victim() for worker in workers._idle[-4:])
-        remover = threading.Thread(target=ray_cluster.remove_node, args=(victim,))
-        remover.start()
-        await asyncio.to_thread(remover.join)
+        await remove_node(ray_cluster, victim)
         result = await runner.generate(plain_tasks(1))  # no retry: the rollout has one attempt
         assert not result.failures, result.failures
         [attempt] = result.attempts
         assert attempt.node_id != victim
     finally:
         await runner.close()
-        if victim not in ray_cluster.worker_node_ids():
-            ray_cluster.add_node()  # the next tests get three nodes again
+        restore_nodes(ray_cluster, victim)
     assert_no_env_actor_alive(ray_cluster)
